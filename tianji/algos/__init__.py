@@ -1,0 +1,21 @@
+"""The one registry of algorithms; the runtime finds algorithms only through it."""
+
+from __future__ import annotations
+
+from tianji.algos.base import AlgoSpec
+
+
+def _ppo() -> AlgoSpec:
+    from tianji.algos.ppo import PPOLearner, PPOPolicy
+
+    return AlgoSpec("ppo", PPOPolicy, PPOLearner)
+
+
+_FACTORIES = {"ppo": _ppo}
+
+
+def get_algo(name: str) -> AlgoSpec:
+    try:
+        return _FACTORIES[name]()
+    except KeyError:
+        raise ValueError(f"algo.name: unknown algorithm {name!r}; known: {sorted(_FACTORIES)}") from None

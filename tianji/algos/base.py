@@ -1,0 +1,89 @@
+"""The two small interfaces an algorithm implements; the runtime sees only these.
+
+An algorithm is an `AlgoSpec` in `tianji.algos.REGISTRY`:
+
+    spec = get_algo("ppo")
+    policy = spec.make_policy(cfg.algo, obs_space, act_space)    # in each actor
+    learner = spec.make_learner(cfg.algo, obs_space, act_space)  # in the learner
+    policy.load_weights(learner.weights())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+import torch
+
+Arrays = dict[str, np.ndarray]
+
+
+class ActorPolicy(Protocol):
+    """Batched inference inside an actor."""
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Replace the parameters with a learner's published weights."""
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
+        """Actions for a batch of observations, plus per-step extras to record (e.g. log-probs)."""
+
+    def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
+        """Add what the learner needs beyond the recorded steps (e.g. bootstrap values)."""
+
+
+class AlgoLearner(Protocol):
+    """Owns the buffer and the update; the runtime decides when to feed and train it."""
+
+    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
+        """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras)."""
+
+    def ready(self) -> bool:
+        """True when enough data is buffered for one update."""
+
+    def update(self) -> dict[str, float]:
+        """One update; returns scalar stats (prefixed keys are added by the runtime)."""
+
+    def samples_per_update(self) -> int:
+        """Env steps consumed by one update (for samples-trained/s)."""
+
+    def weights(self) -> Arrays:
+        """Current policy weights as named arrays, ready to publish."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: tensors, ints, floats (loadable with weights_only=True)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    name: str
+    make_policy: Callable[[Any, Any, Any], ActorPolicy]
+    make_learner: Callable[[Any, Any, Any], AlgoLearner]
+
+
+def module_weights(module: torch.nn.Module) -> Arrays:
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def load_module_weights(module: torch.nn.Module, weights: Mapping[str, np.ndarray]) -> None:
+    state = module.state_dict()
+    missing = set(state) - set(weights)
+    if missing:
+        raise ValueError(f"weights lack parameters: {sorted(missing)}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            src = torch.from_numpy(np.asarray(weights[name]))
+            if src.shape != tensor.shape:
+                raise ValueError(f"weight {name}: shape {tuple(src.shape)}, expected {tuple(tensor.shape)}")
+            tensor.copy_(src)
+
+
+def mlp(sizes: list[int], activation: type[torch.nn.Module] = torch.nn.Tanh) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    return torch.nn.Sequential(*layers)

@@ -1,0 +1,235 @@
+"""PPO: GAE, clipped surrogate with the behaviour policy's log-probs, value loss, entropy bonus.
+
+The math (`compute_gae`, `ppo_loss`) is pure and tested against NumPy references;
+`PPOPolicy` runs inside actors, `PPOLearner` inside the learner.
+
+Fragments arrive in the actor's recording convention (see `tianji.runtime.actor`):
+vector envs auto-reset on the step *after* an episode ends, so the row after a
+done row holds the final observation and its value. A truncated episode
+therefore bootstraps from `values[t + 1]`, a terminated one from zero, and the
+reset row itself is marked invalid and masked out of the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.algos.base import Arrays, load_module_weights, mlp, module_weights
+from tianji.config import PPOConfig
+
+# ------------------------------------------------------------------ pure math
+
+
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    bootstrap_value: np.ndarray,
+    dones: np.ndarray,
+    terminated: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and value targets for one fragment, arrays shaped [T, k].
+
+    `values[t + 1]` (or `bootstrap_value` after the last row) is the value of the
+    state reached at step t; a terminated step bootstraps from zero, and a done
+    step stops the recursion so episodes never leak into each other.
+    """
+    T = rewards.shape[0]
+    next_values = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
+    not_terminal = 1.0 - terminated.astype(np.float32)
+    not_done = 1.0 - dones.astype(np.float32)
+    deltas = rewards + gamma * next_values * not_terminal - values
+    advantages = np.zeros_like(values, dtype=np.float32)
+    running = np.zeros_like(values[0], dtype=np.float32)
+    for t in reversed(range(T)):
+        running = deltas[t] + gamma * lam * not_done[t] * running
+        advantages[t] = running
+    return advantages, (advantages + values).astype(np.float32)
+
+
+def ppo_loss(
+    new_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    new_values: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    cfg: PPOConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + value loss - entropy bonus over one minibatch of valid steps."""
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip, 1 + cfg.clip))
+    policy_loss = surrogate.mean()
+    value_loss = 0.5 * (new_values - returns).pow(2).mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+    with torch.no_grad():
+        stats = {
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy": entropy_mean,
+            "approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "clip_frac": ((ratio - 1).abs() > cfg.clip).float().mean(),
+        }
+    return loss, stats
+
+
+# ------------------------------------------------------------------ network
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value MLPs; discrete (categorical) or box (diagonal Gaussian) actions."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int]):
+        super().__init__()
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"PPO needs a Box observation space, got {obs_space}")
+        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
+        obs_dim = int(np.prod(obs_space.shape))
+        self.discrete = isinstance(act_space, gym.spaces.Discrete)
+        if self.discrete:
+            out_dim = int(act_space.n)
+        elif isinstance(act_space, gym.spaces.Box):
+            out_dim = int(np.prod(act_space.shape))
+            self.log_std = nn.Parameter(torch.zeros(out_dim))
+        else:
+            raise ValueError(f"PPO supports Discrete or Box action spaces, got {act_space}")
+        self.pi = mlp([obs_dim, *hidden, out_dim])
+        self.v = mlp([obs_dim, *hidden, 1])
+        with torch.no_grad():  # small last layer: near-uniform initial policy
+            self.pi[-1].weight.mul_(0.01)
+            self.pi[-1].bias.zero_()
+
+    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1).float() * self.scale
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.v(self._flat(obs)).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._flat(obs)
+        return self.pi(x), self.v(x).squeeze(-1)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        head, value = self(obs)
+        if self.discrete:
+            log_probs = torch.log_softmax(head, dim=-1)
+            action = torch.multinomial(log_probs.exp(), 1)
+            return action.squeeze(-1), log_probs.gather(-1, action).squeeze(-1), value
+        action = head + self.log_std.exp() * torch.randn_like(head)
+        return action, self._gaussian_logp(head, action), value
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-prob of `action`, entropy, value under the current parameters."""
+        head, value = self(obs)
+        if self.discrete:
+            log_probs = torch.log_softmax(head, dim=-1)
+            logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return logp, entropy, value
+        entropy = (0.5 + 0.5 * np.log(2 * np.pi) + self.log_std).sum().expand(head.shape[0])
+        return self._gaussian_logp(head, action), entropy, value
+
+    def _gaussian_logp(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        z = (action - mean) / self.log_std.exp()
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+
+# ------------------------------------------------------------------ actor side
+
+
+class PPOPolicy:
+    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
+        self.net = ActorCritic(obs_space, act_space, cfg.hidden)
+        self.net.requires_grad_(False)
+        self.low = getattr(act_space, "low", None)
+        self.high = getattr(act_space, "high", None)
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        load_module_weights(self.net, weights)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
+        action, logp, value = self.net.sample(torch.from_numpy(obs))
+        action_np = action.numpy()
+        env_action = action_np if self.net.discrete else np.clip(action_np, self.low, self.high)
+        return env_action, {"action": action_np, "logp": logp.numpy(), "value": value.numpy()}
+
+    @torch.no_grad()
+    def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
+        return {"bootstrap_value": self.net.value(torch.from_numpy(last_obs)).numpy()}
+
+
+# ------------------------------------------------------------------ learner side
+
+
+class PPOLearner:
+    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
+        self.cfg = cfg
+        self.net = ActorCritic(obs_space, act_space, cfg.hidden)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.pending: list[Mapping[str, np.ndarray]] = []
+        self._samples_per_fragment = 0
+
+    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
+        self.pending.append(fragment)
+        self._samples_per_fragment = int(fragment["reward"].size)
+
+    def ready(self) -> bool:
+        return len(self.pending) >= self.cfg.batch_fragments
+
+    def samples_per_update(self) -> int:
+        return self._samples_per_fragment * self.cfg.batch_fragments
+
+    def _batch(self) -> dict[str, torch.Tensor]:
+        fragments, self.pending = self.pending[: self.cfg.batch_fragments], self.pending[self.cfg.batch_fragments :]
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "logp", "adv", "ret")}
+        for f in fragments:
+            adv, ret = compute_gae(
+                f["reward"], f["value"], f["bootstrap_value"], f["done"], f["terminated"],
+                self.cfg.gamma, self.cfg.gae_lambda,
+            )
+            valid = f["valid"].reshape(-1)
+            for key, arr in (("obs", f["obs"]), ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret)):
+                parts[key].append(arr.reshape(valid.shape[0], *arr.shape[2:])[valid])
+        return {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
+
+    def update(self) -> dict[str, float]:
+        batch = self._batch()
+        n = batch["adv"].shape[0]
+        size = max(1, n // self.cfg.minibatches)
+        totals: dict[str, float] = {}
+        steps = 0
+        for _ in range(self.cfg.epochs):
+            order = torch.randperm(n)
+            for start in range(0, n - size + 1, size):
+                idx = order[start : start + size]
+                logp, entropy, value = self.net.evaluate(batch["obs"][idx], batch["action"][idx])
+                loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy, self.cfg)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
+                self.optimizer.step()
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                steps += 1
+        return {k: v / max(steps, 1) for k, v in totals.items()}
+
+    def weights(self) -> Arrays:
+        return module_weights(self.net)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,99 @@
+"""Command line: `tianji train`, `tianji presets`."""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()  # command start, before heavy imports: time-to-target counts from here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tianji.checkpoint import CheckpointError  # noqa: E402
+from tianji.config import ConfigError, apply_overrides, build_config, describe_fields, load_config, preset_names  # noqa: E402
+
+
+def _config_help() -> str:
+    lines = ["config fields (set with --set key.path=value):"]
+    for key, default, doc in describe_fields():
+        lines.append(f"  {key:<30} {doc} [default: {default}]")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tianji", description="Highly parallel deep RL training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train an agent", epilog=_config_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("config", nargs="?", help="preset name (see `tianji presets`) or path to a YAML config")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override one config field, e.g. --set topology.actors=2 (repeatable)")
+    train.add_argument("--run-dir", help="run directory (default: <logging.run_root>/<name>-<timestamp>)")
+    train.add_argument("--launcher", choices=["local", "inline"], default="local",
+                       help="local: one process per role (default); inline: all roles in this process")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+
+    sub.add_parser("presets", help="list the bundled presets")
+    return parser
+
+
+def _resolve_config(args: argparse.Namespace):
+    if args.resume:
+        from tianji.runtime.run import load_run_config
+
+        saved = load_run_config(Path(args.resume)).model_dump(mode="json")
+        return build_config(apply_overrides(saved, args.overrides))
+    if not args.config:
+        raise ConfigError("train: give a preset name or a YAML path (or --resume RUN_DIR)")
+    return load_config(args.config, args.overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tianji.runtime.run import train
+
+    cfg = _resolve_config(args)
+    run_dir, summary = train(cfg, args.launcher, args.run_dir, args.resume, t0=T0)
+    _print_summary(run_dir, summary)
+    return 0
+
+
+def _print_summary(run_dir: Path, summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="TianJi run summary", show_header=False)
+    for key in ("stop_reason", "target_reached", "time_to_target_s", "env_steps_to_target", "final_return_mean100",
+                "env_steps", "wall_time_s", "policy_lag_mean", "policy_lag_max", "fragments_dropped"):
+        value = summary.get(key)
+        table.add_row(key, f"{value:.2f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    console.print(f"run directory: {run_dir}")
+
+
+def _raise_interrupt(signum, frame):  # SIGTERM stops a run the way Ctrl-C does
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    if args.command == "presets":
+        for name in preset_names():
+            print(name)
+        return 0
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _train(args)
+    except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Typed run configuration.
+
+Every field carries a description; those descriptions are the CLI help
+(`tianji train --help`). Configs are frozen: a run's config never changes after
+it is resolved and saved as `config.yaml` in the run directory.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and what was expected."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvConfig(_Section):
+    id: str = Field("CartPole-v1", description="Gymnasium environment id, e.g. CartPole-v1.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to gymnasium.make.")
+
+
+class PPOConfig(_Section):
+    name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(4, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(4, ge=1, description="Minibatches per epoch.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
+    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+
+
+AlgoConfig = Annotated[Union[PPOConfig], Field(discriminator="name")]
+
+
+class TopologyConfig(_Section):
+    actors: int = Field(1, ge=1, description="Actor processes (each runs a vector of envs and its own policy inference).")
+    envs_per_actor: int = Field(16, ge=1, description="Environments stepped together by one actor.")
+    fragment_length: int = Field(32, ge=1, description="Steps per env in one fragment pushed to the learner.")
+    actor_threads: int = Field(1, ge=1, description="torch threads per actor process.")
+    learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
+
+
+class BalanceConfig(_Section):
+    max_policy_lag: int = Field(8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted).")
+    max_inflight: int = Field(2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits).")
+    publish_every: int = Field(1, ge=1, description="Publish weights to actors every N learner updates.")
+
+
+class StopConfig(_Section):
+    target_return: float | None = Field(None, description="Stop when the mean return of the last 100 episodes reaches this.")
+    max_env_steps: int | None = Field(None, ge=1, description="Stop after this many env steps in total.")
+    max_wall_time_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
+
+
+class LoggingConfig(_Section):
+    run_root: str = Field("runs", description="Folder in which run directories are created.")
+    console: bool = Field(True, description="Show a live progress line in the terminal.")
+    interval_s: float = Field(1.0, gt=0, description="Seconds between metric rows (CSV, TensorBoard, console).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
+
+
+class CheckpointConfig(_Section):
+    interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
+
+
+class Config(_Section):
+    name: str = Field("run", description="Run name, the prefix of the run directory.")
+    seed: int = Field(0, ge=0, description="Seed for envs, networks and sampling; repeatable as far as asynchrony allows.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
+    algo: AlgoConfig = Field(default_factory=PPOConfig, description="Algorithm and its hyperparameters.")
+    topology: TopologyConfig = Field(default_factory=TopologyConfig, description="Actors, envs per actor, fragment size.")
+    balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Production-consumption balance.")
+    stop: StopConfig = Field(default_factory=StopConfig, description="Stop conditions (any one ends the run).")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and console output.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+
+
+# ---------------------------------------------------------------- loading
+
+PRESET_PACKAGE = "tianji.presets"
+
+
+def preset_names() -> list[str]:
+    files = resources.files(PRESET_PACKAGE).iterdir()
+    return sorted(f.name[: -len(".yaml")] for f in files if f.name.endswith(".yaml"))
+
+
+def _read_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def load_raw(preset_or_path: str) -> dict[str, Any]:
+    """Read a preset name or a YAML file path into a plain dict."""
+    path = Path(preset_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {preset_or_path}")
+        return _read_yaml(path.read_text(), str(path))
+    if preset_or_path not in preset_names():
+        raise ConfigError(
+            f"unknown preset '{preset_or_path}'; presets: {', '.join(preset_names())} (or give a .yaml path)"
+        )
+    text = resources.files(PRESET_PACKAGE).joinpath(f"{preset_or_path}.yaml").read_text()
+    return _read_yaml(text, f"preset {preset_or_path}")
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides; values are parsed as YAML scalars or lists."""
+    raw = _deep_copy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        key, _, text = item.partition("=")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        parts = key.strip().split(".")
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        if len(loc) > 2 and loc[0] == "algo":  # drop the discriminator tag pydantic inserts
+            del loc[1]
+        path = ".".join(str(p) for p in loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif "input" in err and err["type"] != "missing":
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"  {path or '<root>'}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def build_config(raw: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def load_config(preset_or_path: str, overrides: list[str] | None = None) -> Config:
+    return build_config(apply_overrides(load_raw(preset_or_path), overrides or []))
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key.path, default, description) for every leaf field; this is the CLI help."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        sub = _section_type(annotation)
+        if sub is not None:
+            rows.extend(describe_fields(sub, f"{prefix}{name}."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        rows.append((f"{prefix}{name}", repr(default), field.description or ""))
+    return rows
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = getattr(annotation, "__args__", None) or ()
+    for arg in args:  # Annotated[Union[...]] of algorithm configs
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,288 @@
+"""Driver-side metrics: aggregates role events, checks stop conditions, writes the run directory.
+
+Roles send small dict events with *deltas* since their last event:
+
+    {"kind": "actor", "id": 0, "env_steps": 512, "episodes": [[500.0, 500]], "busy_s": 0.09, "wait_s": 0.0}
+    {"kind": "learner", "version": 7, "updates": 1, "samples_trained": 2048, "lags": [0, 1],
+     "dropped": 0, "busy_s": 0.05, "wait_s": 0.04, "stats": {"policy_loss": ...}, "bad_messages": 0}
+
+The monitor turns them into rows with fixed prefixes (`env/`, `perf/`, `balance/`,
+`train/`) written to metrics.csv, metrics.jsonl and TensorBoard, and a console line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+from tianji.config import Config
+
+WINDOW = 100
+
+
+class Monitor:
+    def __init__(self, cfg: Config, run_dir: Path, t0: float, resumed: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.t0 = t0
+        r = resumed or {}
+        self.elapsed_before = float(r.get("wall_time_s", 0.0))
+        self.env_steps = int(r.get("env_steps", 0))
+        self.episodes = int(r.get("episodes", 0))
+        self.returns: deque[float] = deque(r.get("returns", []), maxlen=WINDOW)
+        self.lengths: deque[int] = deque(r.get("lengths", []), maxlen=WINDOW)
+        self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})
+        self.totals: Counter = Counter(r.get("totals", {}))
+        self.target_reached = bool(r.get("target_reached", False))
+        self.time_to_target_s = r.get("time_to_target_s")
+        self.env_steps_to_target = r.get("env_steps_to_target")
+        self.version = int(r.get("version", 0))
+        self.train_stats: dict[str, float] = {}
+        self._window_lags: list[int] = []
+        self._last_row_time = time.time()
+        self._last_counts = self._counts()
+        self._writer = _RowWriter(run_dir, cfg.logging.tensorboard)
+        self._console = _ConsoleLine(cfg.logging.console)
+        self.last_row: dict[str, float] = {}
+
+    # ------------------------------------------------------------ events
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.time() - self.t0
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "actor":
+            self._on_actor(event)
+        elif kind == "learner":
+            self._on_learner(event)
+
+    def _on_actor(self, e: dict[str, Any]) -> None:
+        self.env_steps += int(e.get("env_steps", 0))
+        self.totals["actor_busy_s"] += float(e.get("busy_s", 0.0))
+        self.totals["actor_wait_s"] += float(e.get("wait_s", 0.0))
+        self.totals["fragments_sent"] += int(e.get("fragments", 0))
+        self.totals["bad_messages"] += int(e.get("bad_messages", 0))
+        for ret, length in e.get("episodes", []):
+            self.returns.append(float(ret))
+            self.lengths.append(int(length))
+            self.episodes += 1
+            self._check_target()
+
+    def _on_learner(self, e: dict[str, Any]) -> None:
+        self.version = int(e.get("version", self.version))
+        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages"):
+            self.totals[key] += int(e.get(key, 0))
+        self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
+        self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
+        lags = [int(x) for x in e.get("lags", [])]
+        self.lag_hist.update(lags)
+        self._window_lags.extend(lags)
+        self.train_stats.update(e.get("stats", {}))
+
+    def return_mean(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def _check_target(self) -> None:
+        target = self.cfg.stop.target_return
+        if self.target_reached or target is None or len(self.returns) < WINDOW:
+            return
+        if self.return_mean() >= target:  # type: ignore[operator]
+            self.target_reached = True
+            self.time_to_target_s = self.elapsed()
+            self.env_steps_to_target = self.env_steps
+
+    # ------------------------------------------------------------ stop
+    def stop_reason(self) -> str | None:
+        s = self.cfg.stop
+        if s.target_return is not None and self.target_reached:
+            return "target_return"
+        if s.max_env_steps is not None and self.env_steps >= s.max_env_steps:
+            return "max_env_steps"
+        if s.max_wall_time_s is not None and self.elapsed() >= s.max_wall_time_s:
+            return "max_wall_time_s"
+        return None
+
+    # ------------------------------------------------------------ rows
+    def _counts(self) -> dict[str, float]:
+        return {"env_steps": self.env_steps, **self.totals}
+
+    def tick(self, force: bool = False) -> None:
+        """Write a metrics row and refresh the console when the interval has passed."""
+        now = time.time()
+        dt = now - self._last_row_time
+        if not force and dt < self.cfg.logging.interval_s:
+            return
+        counts = self._counts()
+        delta = {k: counts.get(k, 0) - self._last_counts.get(k, 0) for k in counts}
+        self._last_counts, self._last_row_time = counts, now
+        row = self._row(delta, max(dt, 1e-9))
+        self.last_row = row
+        self._writer.write(row)
+        self._console.show(row)
+
+    def _row(self, d: dict[str, float], dt: float) -> dict[str, float]:
+        lags, self._window_lags = self._window_lags, []
+        actors = self.cfg.topology.actors
+        row: dict[str, float] = {
+            "time_s": round(self.elapsed(), 3),
+            "env_steps": self.env_steps,
+            "env/episodes": self.episodes,
+            "env/return_mean100": self.return_mean() if self.returns else float("nan"),
+            "env/length_mean100": sum(self.lengths) / len(self.lengths) if self.lengths else float("nan"),
+            "perf/env_steps_per_s": d.get("env_steps", 0) / dt,
+            "perf/updates_per_s": d.get("updates", 0) / dt,
+            "perf/samples_trained_per_s": d.get("samples_trained", 0) / dt,
+            "perf/actor_busy": d.get("actor_busy_s", 0) / (dt * actors),
+            "perf/actor_wait": d.get("actor_wait_s", 0) / (dt * actors),
+            "perf/learner_busy": d.get("learner_busy_s", 0) / dt,
+            "perf/learner_wait": d.get("learner_wait_s", 0) / dt,
+            "balance/policy_version": self.version,
+            "balance/lag_min": min(lags) if lags else float("nan"),
+            "balance/lag_mean": sum(lags) / len(lags) if lags else float("nan"),
+            "balance/lag_max": max(lags) if lags else float("nan"),
+            "balance/fragments_dropped": self.totals["dropped"],
+            "balance/bad_messages": self.totals["bad_messages"],
+        }
+        row.update({f"train/{k}": v for k, v in self.train_stats.items()})
+        return row
+
+    # ------------------------------------------------------------ summary / state
+    def lag_summary(self) -> dict[str, float]:
+        count = sum(self.lag_hist.values())
+        if not count:
+            return {"policy_lag_min": 0, "policy_lag_mean": 0.0, "policy_lag_max": 0}
+        return {
+            "policy_lag_min": min(self.lag_hist),
+            "policy_lag_mean": sum(k * v for k, v in self.lag_hist.items()) / count,
+            "policy_lag_max": max(self.lag_hist),
+        }
+
+    def summary(self, stop_reason: str) -> dict[str, Any]:
+        mean = self.return_mean()
+        return {
+            "target_reached": self.target_reached,
+            "target_metric": "env/return_mean100 (training episodes)",
+            "target_return": self.cfg.stop.target_return,
+            "time_to_target_s": self.time_to_target_s,
+            "env_steps_to_target": self.env_steps_to_target,
+            "final_return_mean100": mean,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "wall_time_s": round(self.elapsed(), 3),
+            **self.lag_summary(),
+            "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
+            "fragments_dropped": int(self.totals["dropped"]),
+            "bad_messages": int(self.totals["bad_messages"]),
+            "updates": int(self.totals["updates"]),
+            "samples_trained": int(self.totals["samples_trained"]),
+            "policy_version": self.version,
+            "stop_reason": stop_reason,
+        }
+
+    def state(self) -> dict[str, Any]:
+        """What the driver saves beside the learner checkpoint to resume counters."""
+        return {
+            "wall_time_s": self.elapsed(),
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "lag_hist": {str(k): v for k, v in self.lag_hist.items()},
+            "totals": dict(self.totals),
+            "target_reached": self.target_reached,
+            "time_to_target_s": self.time_to_target_s,
+            "env_steps_to_target": self.env_steps_to_target,
+            "version": self.version,
+        }
+
+    def close(self) -> None:
+        self._console.finish()
+        self._writer.close()
+
+
+class _RowWriter:
+    """metrics.csv (columns fixed by the first row), metrics.jsonl (every key) and TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool):
+        self.csv_path = run_dir / "metrics.csv"
+        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+        self._csv_file = None
+        self._csv = None
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=5)
+
+    def write(self, row: dict[str, float]) -> None:
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        if self._csv is None:
+            exists = self.csv_path.exists() and self.csv_path.stat().st_size > 0
+            columns = _csv_columns(self.csv_path) if exists else list(row)
+            self._csv_file = open(self.csv_path, "a", newline="")
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=columns, extrasaction="ignore")
+            if not exists:
+                self._csv.writeheader()
+        self._csv.writerow(row)
+        self._csv_file.flush()  # type: ignore[union-attr]
+        if self._tb is not None:
+            step = int(row["env_steps"])
+            for key, value in row.items():
+                if key not in ("env_steps",) and value == value:  # skip NaN
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._csv_file is not None:
+            self._csv_file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _csv_columns(path: Path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f))
+
+
+class _ConsoleLine:
+    """One progress line, rewritten in place on a terminal and appended otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stdout.isatty()
+        self._shown = False
+
+    def show(self, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        ret = row["env/return_mean100"]
+        lag = row["balance/lag_mean"]
+        line = (
+            f"[{row['time_s']:7.1f}s] steps {int(row['env_steps']):>10,} "
+            f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
+            f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
+            f"upd {row['perf/updates_per_s']:5.1f}/s | lag {_fmt(row['balance/lag_min'])}/"
+            f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
+            f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
+        )
+        if self.tty:
+            sys.stdout.write("\r" + line + "\033[K")
+        else:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        self._shown = True
+
+    def finish(self) -> None:
+        if self.enabled and self.tty and self._shown:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+def _fmt(x: float, digits: int = 0) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"

@@ -1,0 +1,37 @@
+"""Construct roles from a config; shared by every launcher so they run the same thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tianji.algos import get_algo
+from tianji.checkpoint import load_learner
+from tianji.config import Config
+from tianji.envs import env_spaces, make_vector_env
+from tianji.runtime.actor import Actor
+from tianji.runtime.learner import Learner
+
+
+def actor_seed(cfg: Config, actor_id: int) -> int:
+    # distinct env seeds for every env of every actor: reset(seed=s) seeds env j with s + j
+    return cfg.seed * 1_000_003 + actor_id * cfg.topology.envs_per_actor
+
+
+def build_actor(cfg: Config, actor_id: int) -> Actor:
+    torch.manual_seed(actor_seed(cfg, actor_id) + 1)
+    envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor)
+    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space)
+    return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id))
+
+
+def build_learner(cfg: Config, checkpoint_dir: Path | None = None) -> Learner:
+    """A learner, restored from `checkpoint_dir` when it holds a checkpoint."""
+    torch.manual_seed(cfg.seed)
+    obs_space, act_space = env_spaces(cfg.env)
+    learner = Learner(get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space), cfg.balance.max_policy_lag)
+    state = load_learner(checkpoint_dir) if checkpoint_dir is not None else None
+    if state is not None:
+        learner.load_state_dict(state)
+    return learner

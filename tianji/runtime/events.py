@@ -1,0 +1,63 @@
+"""Metric events roles send to the driver: deltas of cumulative counters since the last event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tianji.runtime.actor import Actor
+from tianji.runtime.learner import Learner
+
+
+class _Deltas:
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def __call__(self, cumulative: dict[str, float]) -> dict[str, float]:
+        out = {k: v - self._last.get(k, 0) for k, v in cumulative.items()}
+        self._last = dict(cumulative)
+        return out
+
+
+class ActorReporter:
+    def __init__(self, actor: Actor):
+        self.actor = actor
+        self.wait_s = 0.0
+        self.bad_messages = 0
+        self._deltas = _Deltas()
+
+    def event(self) -> dict[str, Any]:
+        a = self.actor
+        counts = {"env_steps": a.seq * a.T * a.k, "fragments": a.seq, "busy_s": a.busy_s, "wait_s": self.wait_s,
+                  "bad_messages": self.bad_messages}
+        return {"kind": "actor", "id": a.actor_id, "episodes": a.drain_episodes(), **self._deltas(counts)}
+
+
+class LearnerReporter:
+    def __init__(self, learner: Learner):
+        self.learner = learner
+        self.wait_s = 0.0
+        self.bad_messages = 0
+        self._deltas = _Deltas()
+        self._deltas(self._counts())  # a resumed learner starts from its restored counters
+
+    def _counts(self) -> dict[str, float]:
+        lr = self.learner
+        return {
+            "updates": lr.updates,
+            "samples_trained": lr.samples_trained,
+            "fragments_consumed": lr.fragments_consumed,
+            "dropped": lr.lag.dropped,
+            "busy_s": lr.busy_s,
+            "wait_s": self.wait_s,
+            "bad_messages": self.bad_messages,
+        }
+
+    def event(self) -> dict[str, Any]:
+        lr = self.learner
+        return {
+            "kind": "learner",
+            "version": lr.version,
+            "lags": lr.lag.take_window(),
+            "stats": dict(lr.last_stats),
+            **self._deltas(self._counts()),
+        }

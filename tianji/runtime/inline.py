@@ -1,0 +1,52 @@
+"""Inline launcher: every role in this process, stepped in a fixed order (tests, debugging)."""
+
+from __future__ import annotations
+
+import time
+
+from tianji.checkpoint import save_driver, save_learner
+from tianji.metrics import Monitor
+from tianji.runtime.build import build_actor, build_learner
+from tianji.runtime.events import ActorReporter, LearnerReporter
+from tianji.runtime.run import RunContext
+
+
+def run_inline(run: RunContext, monitor: Monitor) -> str:
+    """Train until a stop condition; returns the stop reason."""
+    cfg = run.cfg
+    learner = build_learner(cfg, run.checkpoint_dir if run.resumed else None)
+    actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
+    weights = learner.weights()
+    for actor in actors:
+        actor.set_weights(learner.version, weights)
+    actor_reporters = [ActorReporter(a) for a in actors]
+    learner_reporter = LearnerReporter(learner)
+
+    def checkpoint() -> None:
+        save_learner(run.checkpoint_dir, learner.state_dict())
+        save_driver(run.checkpoint_dir, monitor.state())
+
+    last_checkpoint = time.time()
+    reason = None
+    try:
+        while (reason := monitor.stop_reason()) is None:
+            for actor, reporter in zip(actors, actor_reporters):
+                learner.consume(actor.collect())
+                monitor.on_event(reporter.event())
+                while learner.ready():
+                    learner.update()
+                    if learner.version % cfg.balance.publish_every == 0:
+                        weights = learner.weights()
+                        for a in actors:
+                            a.set_weights(learner.version, weights)
+                monitor.on_event(learner_reporter.event())
+            monitor.tick()
+            if time.time() - last_checkpoint >= cfg.checkpoint.interval_s:
+                checkpoint()
+                last_checkpoint = time.time()
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    checkpoint()
+    for actor in actors:
+        actor.envs.close()
+    return reason

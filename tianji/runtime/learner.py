@@ -1,0 +1,66 @@
+"""Learner: owns its buffer (through the algorithm), trains as data arrives, versions its weights.
+
+    learner = Learner(algo_learner, max_policy_lag=8)
+    learner.consume(fragment)       # False when dropped as too stale
+    while learner.ready():
+        stats = learner.update()    # version += 1
+    publish(learner.version, learner.weights())
+
+Knows nothing of any algorithm beyond the `AlgoLearner` interface.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tianji.algos.base import AlgoLearner, Arrays
+from tianji.runtime.actor import Fragment
+from tianji.runtime.balance import LagStats
+
+
+class Learner:
+    def __init__(self, algo: AlgoLearner, max_policy_lag: int):
+        self.algo = algo
+        self.version = 0
+        self.lag = LagStats(max_policy_lag)
+        self.updates = 0
+        self.samples_trained = 0
+        self.fragments_consumed = 0
+        self.busy_s = 0.0
+        self.last_stats: dict[str, float] = {}
+
+    def consume(self, fragment: Fragment) -> bool:
+        """Admit a fragment into the buffer unless its policy lag is over the bound."""
+        if not self.lag.admit(self.version, fragment.policy_version):
+            return False
+        start = time.perf_counter()
+        self.algo.add(fragment.arrays)
+        self.fragments_consumed += 1
+        self.busy_s += time.perf_counter() - start
+        return True
+
+    def ready(self) -> bool:
+        return self.algo.ready()
+
+    def update(self) -> dict[str, float]:
+        start = time.perf_counter()
+        self.last_stats = self.algo.update()
+        self.version += 1
+        self.updates += 1
+        self.samples_trained += self.algo.samples_per_update()
+        self.busy_s += time.perf_counter() - start
+        return self.last_stats
+
+    def weights(self) -> Arrays:
+        return self.algo.weights()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"algo": self.algo.state_dict(), "version": self.version, "updates": self.updates,
+                "samples_trained": self.samples_trained}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.algo.load_state_dict(state["algo"])
+        self.version = int(state["version"])
+        self.updates = int(state["updates"])
+        self.samples_trained = int(state["samples_trained"])

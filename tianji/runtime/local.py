@@ -1,0 +1,392 @@
+"""Local launcher: a learner process and A actor processes on this machine, wired by ZeroMQ.
+
+Who talks to whom (all in `run_local`):
+
+    actor  --DEALER-->  learner ROUTER   fragment notices (data stays in shared memory)
+    actor <--DEALER---  learner ROUTER   credits (slot returned) and first weights on hello
+    actor  <--SUB-----  learner PUB      versioned weights, newest wins
+    roles  --PUSH---->  driver PULL      metric deltas (heartbeats), checkpoint notices, errors
+    roles  <--SUB-----  driver PUB       stop
+
+The driver never touches sample data.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import secrets
+import signal
+import tempfile
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import zmq
+
+from tianji.checkpoint import save_driver, save_learner
+from tianji.metrics import Monitor
+from tianji.runtime.actor import Fragment
+from tianji.runtime.build import build_actor, build_learner
+from tianji.runtime.events import ActorReporter, LearnerReporter
+from tianji.runtime.run import RunContext
+from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
+from tianji.wire import WireError, decode, encode, pack_header, unpack_header
+
+log = logging.getLogger("tianji")
+
+EVENT_INTERVAL_S = 0.1
+STOP_GRACE_S = 20.0
+MAX_ACTOR_RESTARTS = 10
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    fragments: str
+    weights: str
+    events: str
+    control: str
+
+    @classmethod
+    def ipc(cls, token: str) -> "Endpoints":
+        base = f"ipc://{tempfile.gettempdir()}/tianji-{token}"
+        return cls(f"{base}-fragments", f"{base}-weights", f"{base}-events", f"{base}-control")
+
+    def ipc_paths(self) -> list[Path]:
+        return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)]
+
+
+class RoleError(RuntimeError):
+    """A role process failed in a way the driver cannot repair."""
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def _init_role_process(threads: int) -> None:
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; roles stop by message
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.set_num_threads(threads)
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 1000)  # never hang on exit if the peer is gone
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    (sock.bind if bind else sock.connect)(endpoint)
+    return sock
+
+
+def _stop_requested(control: zmq.Socket) -> bool:
+    stop = False
+    while control.poll(0):
+        try:
+            stop |= unpack_header(control.recv()).get("kind") == "stop"
+        except WireError:
+            pass
+    return stop
+
+
+def _report_crash(events: zmq.Socket, role: str) -> None:
+    events.send(pack_header({"kind": "error", "role": role, "message": traceback.format_exc()}))
+
+
+def _fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
+    meta = {k: header.get(k) for k in ("actor", "seq", "version", "env_steps")}
+    for key, value in meta.items():
+        if not isinstance(value, int) or value < 0:
+            raise WireError(f"fragment header field {key!r} must be a non-negative int, got {value!r}")
+    return Fragment(arrays, meta["actor"], meta["seq"], meta["version"], meta["env_steps"])
+
+
+# ---------------------------------------------------------------- actor process
+
+
+def _checked(frames: list[Any], reporter: ActorReporter) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Decode a learner message for an actor; None (logged, counted) when it is malformed."""
+    try:
+        header, arrays = decode(frames)
+        kind = header["kind"]
+        if kind == "credit" and not isinstance(header.get("slot"), int):
+            raise WireError("credit without an int 'slot'")
+        if kind == "weights" and not isinstance(header.get("version"), int):
+            raise WireError("weights without an int 'version'")
+        return header, arrays
+    except WireError as exc:
+        reporter.bad_messages += 1
+        log.warning("actor rejected a message (%d so far): %s", reporter.bad_messages, exc)
+        return None
+
+
+def actor_main(run: RunContext, endpoints: Endpoints, token: str, actor_id: int) -> None:
+    cfg = run.cfg
+    _init_role_process(cfg.topology.actor_threads)
+    ctx = zmq.Context()
+    events = _socket(ctx, zmq.PUSH, endpoints.events)
+    try:
+        _actor_loop(run, endpoints, token, actor_id, ctx, events)
+    except Exception:
+        _report_crash(events, f"actor{actor_id}")
+        raise
+    finally:
+        ctx.destroy(linger=1000)
+
+
+def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
+                ctx: zmq.Context, events: zmq.Socket) -> None:
+    cfg = run.cfg
+    link = _socket(ctx, zmq.DEALER, endpoints.fragments)
+    weights = _socket(ctx, zmq.SUB, endpoints.weights)
+    control = _socket(ctx, zmq.SUB, endpoints.control)
+    poller = zmq.Poller()
+    for sock in (link, weights, control):
+        poller.register(sock, zmq.POLLIN)
+
+    actor = build_actor(cfg, actor_id)
+    reporter = ActorReporter(actor)
+    slots = SlotWriter(pool_path(token, f"actor{actor_id}"), cfg.balance.max_inflight)
+    free_slots = deque(range(cfg.balance.max_inflight))  # our credits
+    have_weights = False
+    link.send(pack_header({"kind": "hello", "actor": actor_id}))
+    last_event = time.time()
+    try:
+        while True:
+            can_work = have_weights and bool(free_slots)
+            started = time.perf_counter()
+            ready = dict(poller.poll(0 if can_work else 100))
+            if not can_work:
+                reporter.wait_s += time.perf_counter() - started
+            if control in ready and _stop_requested(control):
+                break
+            if link in ready:
+                while link.poll(0):
+                    message = _checked(link.recv_multipart(copy=False), reporter)
+                    if message is None:
+                        continue
+                    header, arrays = message
+                    if header["kind"] == "credit":
+                        free_slots.append(header["slot"])
+                    elif header["kind"] == "weights":
+                        actor.set_weights(header["version"], arrays)
+                        have_weights = True
+            if weights in ready:
+                newest = None
+                while weights.poll(0):
+                    newest = weights.recv_multipart(copy=False)
+                message = _checked(newest, reporter)
+                if message is not None and have_weights and message[0]["version"] > actor.version:
+                    actor.set_weights(message[0]["version"], message[1])
+            if have_weights and free_slots:
+                fragment = actor.collect()
+                slot = free_slots.popleft()
+                header = slots.write(slot, fragment.arrays)
+                header.update(kind="fragment", actor=actor_id, seq=fragment.seq,
+                              version=fragment.policy_version, env_steps=fragment.env_steps)
+                link.send(pack_header(header))
+            if time.time() - last_event >= EVENT_INTERVAL_S:
+                events.send(pack_header(reporter.event()))
+                last_event = time.time()
+    finally:
+        events.send(pack_header(reporter.event()))
+        slots.close()
+        actor.envs.close()
+
+
+# ---------------------------------------------------------------- learner process
+
+
+def learner_main(run: RunContext, endpoints: Endpoints, token: str) -> None:
+    _init_role_process(run.cfg.topology.learner_threads)
+    ctx = zmq.Context()
+    events = _socket(ctx, zmq.PUSH, endpoints.events)
+    try:
+        _learner_loop(run, endpoints, token, ctx, events)
+    except Exception:
+        _report_crash(events, "learner")
+        raise
+    finally:
+        ctx.destroy(linger=1000)
+
+
+def _learner_loop(run: RunContext, endpoints: Endpoints, token: str, ctx: zmq.Context, events: zmq.Socket) -> None:
+    cfg = run.cfg
+    router = _socket(ctx, zmq.ROUTER, endpoints.fragments, bind=True)
+    publisher = _socket(ctx, zmq.PUB, endpoints.weights, bind=True)
+    control = _socket(ctx, zmq.SUB, endpoints.control)
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(control, zmq.POLLIN)
+
+    learner = build_learner(cfg, run.checkpoint_dir if run.resumed else None)
+    reporter = LearnerReporter(learner)
+    reader = SlotReader(allowed_prefix=f"tianji-{token}-")
+    weights_message = encode({"kind": "weights", "version": learner.version}, learner.weights())
+
+    def handle(identity: bytes, frames: list[Any]) -> None:
+        header = unpack_header(frames[0])
+        if header["kind"] == "hello":
+            router.send_multipart([identity, *weights_message])
+        elif header["kind"] == "fragment":
+            slot = header.get("slot")
+            try:
+                fragment = _fragment_from_header(header, reader.read(header))
+            finally:  # the credit comes back even when the notice is rejected
+                if isinstance(slot, int):
+                    router.send_multipart([identity, pack_header({"kind": "credit", "slot": slot})])
+            learner.consume(fragment)
+        else:
+            raise WireError(f"unexpected message kind {header['kind']!r}")
+
+    def checkpoint() -> None:
+        save_learner(run.checkpoint_dir, learner.state_dict())
+        events.send(pack_header({"kind": "checkpoint", "version": learner.version}))
+
+    last_event = last_checkpoint = time.time()
+    while True:
+        timeout = 0 if learner.ready() else 50
+        started = time.perf_counter()
+        ready = dict(poller.poll(timeout))
+        reporter.wait_s += time.perf_counter() - started
+        if control in ready and _stop_requested(control):
+            break
+        while router.poll(0):
+            identity, *frames = router.recv_multipart(copy=False)
+            try:
+                handle(identity.bytes, frames)
+            except WireError as exc:
+                reporter.bad_messages += 1
+                if reporter.bad_messages <= 10 or reporter.bad_messages % 1000 == 0:
+                    log.warning("learner rejected a message (%d so far): %s", reporter.bad_messages, exc)
+        if learner.ready():
+            learner.update()
+            if learner.version % cfg.balance.publish_every == 0:
+                weights_message = encode({"kind": "weights", "version": learner.version}, learner.weights())
+                publisher.send_multipart(weights_message, copy=False)
+        now = time.time()
+        if now - last_event >= EVENT_INTERVAL_S:
+            events.send(pack_header(reporter.event()))
+            last_event = now
+        if now - last_checkpoint >= cfg.checkpoint.interval_s:
+            checkpoint()
+            last_checkpoint = now
+    checkpoint()
+    events.send(pack_header(reporter.event()))
+    events.send(pack_header({"kind": "stopped", "version": learner.version}))
+    reader.close()
+
+
+# ---------------------------------------------------------------- driver
+
+
+def run_local(run: RunContext, monitor: Monitor) -> str:
+    """Start the learner and actors, supervise them until a stop condition, stop them cleanly."""
+    cfg = run.cfg
+    token = secrets.token_hex(6)
+    endpoints = Endpoints.ipc(token)
+    ctx = zmq.Context()
+    events = _socket(ctx, zmq.PULL, endpoints.events, bind=True)
+    control = _socket(ctx, zmq.PUB, endpoints.control, bind=True)
+    mp = multiprocessing.get_context("fork")  # fast start; the driver runs no torch ops before forking
+
+    def start(name: str, target: Callable[..., None], *args: Any) -> multiprocessing.Process:
+        process = mp.Process(target=target, args=(run, endpoints, token, *args), name=name, daemon=True)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # children inherit "ignore Ctrl-C"
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return process
+
+    learner = start("learner", learner_main)
+    actors = {i: start(f"actor{i}", actor_main, i) for i in range(cfg.topology.actors)}
+    roles = _Roles(learner, actors, start)
+    try:
+        return _supervise(run, monitor, events, roles)
+    except KeyboardInterrupt:
+        return "interrupted"
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is bounded; let it finish
+        try:
+            _shutdown(run, monitor, events, control, roles)
+        finally:
+            ctx.destroy(linger=0)
+            remove_pools(token)
+            for path in endpoints.ipc_paths():
+                path.unlink(missing_ok=True)
+            signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class _Roles:
+    learner: multiprocessing.Process
+    actors: dict[int, multiprocessing.Process]
+    start: Callable[..., multiprocessing.Process]
+    restarts: int = 0
+
+    def all(self) -> list[multiprocessing.Process]:
+        return [self.learner, *self.actors.values()]
+
+
+def _handle_event(run: RunContext, monitor: Monitor, event: dict[str, Any]) -> None:
+    kind = event["kind"]
+    if kind == "checkpoint":
+        save_driver(run.checkpoint_dir, monitor.state())
+    elif kind == "error":
+        log.error("%s failed:\n%s", event.get("role"), event.get("message"))
+    else:
+        monitor.on_event(event)
+
+
+def _drain_events(run: RunContext, monitor: Monitor, events: zmq.Socket, timeout_ms: int) -> list[dict[str, Any]]:
+    seen = []
+    if events.poll(timeout_ms):
+        while events.poll(0):
+            try:
+                event = unpack_header(events.recv())
+            except WireError as exc:
+                log.warning("driver rejected an event: %s", exc)
+                continue
+            _handle_event(run, monitor, event)
+            seen.append(event)
+    return seen
+
+
+def _supervise(run: RunContext, monitor: Monitor, events: zmq.Socket, roles: _Roles) -> str:
+    while True:
+        _drain_events(run, monitor, events, timeout_ms=50)
+        monitor.tick()
+        reason = monitor.stop_reason()
+        if reason is not None:
+            return reason
+        if not roles.learner.is_alive():
+            raise RoleError(f"learner exited with code {roles.learner.exitcode}; see the log above")
+        for actor_id, process in list(roles.actors.items()):
+            if not process.is_alive():
+                roles.restarts += 1
+                if roles.restarts > MAX_ACTOR_RESTARTS:
+                    raise RoleError(f"actors died {roles.restarts} times; last exit code {process.exitcode}")
+                log.warning("actor%d exited with code %s; restarting it", actor_id, process.exitcode)
+                roles.actors[actor_id] = roles.start(f"actor{actor_id}", actor_main, actor_id)
+
+
+def _shutdown(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: _Roles) -> None:
+    """Ask every role to stop (the learner writes its final checkpoint), then make sure they are gone."""
+    deadline = time.time() + STOP_GRACE_S
+    while time.time() < deadline and any(p.is_alive() for p in roles.all()):
+        control.send(pack_header({"kind": "stop"}))
+        _drain_events(run, monitor, events, timeout_ms=100)
+    for process in roles.all():
+        if process.is_alive():
+            log.warning("%s did not stop in time; terminating it", process.name)
+            process.terminate()
+            process.join(2)
+        if process.is_alive():
+            process.kill()
+        process.join(1)
+    _drain_events(run, monitor, events, timeout_ms=0)

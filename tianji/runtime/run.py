@@ -1,0 +1,109 @@
+"""A training run: its directory, its launcher, its summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tianji import __version__
+from tianji.checkpoint import load_driver, save_driver
+from tianji.config import Config, build_config, to_yaml
+from tianji.envs import check_env_id
+
+LAUNCHERS = ("local", "inline")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    cfg: Config
+    run_dir: Path
+    t0: float  # wall clock at command start; time-to-target counts from here
+    resumed: bool
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def new_run_dir(cfg: Config, run_dir: str | None) -> Path:
+    if run_dir is not None:
+        path = Path(run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(cfg.logging.run_root) / f"{cfg.name}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(cfg.logging.run_root) / f"{cfg.name}-{stamp}-{n}"
+    if (path / "config.yaml").exists():
+        raise FileExistsError(f"{path} already holds a run; use --resume {path} to continue it")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_run_config(run_dir: Path) -> Config:
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a TianJi run directory?")
+    return build_config(yaml.safe_load(path.read_text()))
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _write_meta(run: RunContext, launcher: str) -> None:
+    meta = {"tianji_version": __version__, "git_revision": _git_revision(), "launcher": launcher,
+            "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    name = "meta.json" if not run.resumed else f"meta-resume-{int(time.time())}.json"
+    (run.run_dir / name).write_text(json.dumps(meta, indent=2))
+
+
+def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
+          resume: str | None = None, t0: float | None = None) -> tuple[Path, dict[str, Any]]:
+    """Run training to a stop condition; returns the run directory and its summary."""
+    from tianji.metrics import Monitor
+
+    t0 = time.time() if t0 is None else t0
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher: expected one of {LAUNCHERS}, got {launcher!r}")
+    check_env_id(cfg.env.id)
+    if resume is not None:
+        path = Path(resume)
+        run = RunContext(cfg, path, t0, resumed=True)
+        resumed_state = load_driver(run.checkpoint_dir)
+    else:
+        path = new_run_dir(cfg, run_dir)
+        (path / "config.yaml").write_text(to_yaml(cfg))
+        run = RunContext(cfg, path, t0, resumed=False)
+        resumed_state = None
+    _write_meta(run, launcher)
+    monitor = Monitor(cfg, path, t0, resumed_state)
+    try:
+        if launcher == "inline":
+            from tianji.runtime.inline import run_inline
+
+            reason = run_inline(run, monitor)
+        else:
+            from tianji.runtime.local import run_local
+
+            reason = run_local(run, monitor)
+        monitor.tick(force=True)
+    finally:
+        monitor.close()
+    save_driver(run.checkpoint_dir, monitor.state())
+    summary = monitor.summary(reason)
+    (path / "summary.json").write_text(json.dumps(summary, indent=2))
+    return path, summary

@@ -1,0 +1,132 @@
+"""Shared-memory fragment slots: data stays put, only slot indices travel.
+
+Each actor owns one file under /dev/shm holding `slots` equally sized slots
+(its credits). It writes a fragment into a free slot and sends a small header
+naming the file and slot; the learner copies the arrays out and returns the
+credit. The driver removes every file of a run when it ends.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tianji.wire import WireError, check_fields, describe
+
+ALIGN = 64
+
+
+def shm_root() -> Path:
+    root = Path("/dev/shm")
+    return root if root.is_dir() and os.access(root, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def pool_path(run_token: str, owner: str) -> Path:
+    return shm_root() / f"tianji-{run_token}-{owner}"
+
+
+def remove_pools(run_token: str) -> None:
+    for path in shm_root().glob(f"tianji-{run_token}-*"):
+        path.unlink(missing_ok=True)
+
+
+def _layout(fields: list[tuple[str, np.dtype, tuple[int, ...], int]]) -> tuple[list[int], int]:
+    offsets, pos = [], 0
+    for *_, nbytes in fields:
+        offsets.append(pos)
+        pos += -(-nbytes // ALIGN) * ALIGN
+    return offsets, max(pos, ALIGN)
+
+
+class SlotWriter:
+    """Actor side: a file of `slots` fragment slots, created on first write."""
+
+    def __init__(self, path: Path, slots: int):
+        self.path, self.slots = path, slots
+        self._map: mmap.mmap | None = None
+        self._fields: list[Any] | None = None
+        self.slot_bytes = 0
+
+    def write(self, slot: int, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Copy arrays into `slot`; returns the header fields that locate them."""
+        fields = describe(arrays)
+        if self._map is None or fields != self._fields:
+            self._open(fields)
+        offsets, _ = _layout(check_fields(fields))
+        base = slot * self.slot_bytes
+        for offset, arr in zip(offsets, arrays.values()):
+            dst = np.frombuffer(self._map, dtype=arr.dtype, count=arr.size, offset=base + offset)
+            dst[...] = arr.reshape(-1)
+        return {"shm": str(self.path), "slot": slot, "slot_bytes": self.slot_bytes, "fields": fields}
+
+    def _open(self, fields: list[Any]) -> None:
+        self.close()
+        _, self.slot_bytes = _layout(check_fields(fields))
+        size = self.slot_bytes * self.slots
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._fields = fields
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+class SlotReader:
+    """Learner side: maps actors' slot files on demand and copies fragments out."""
+
+    def __init__(self, allowed_prefix: str):
+        self.allowed_prefix = allowed_prefix
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def read(self, header: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        path, slot, slot_bytes = header.get("shm"), header.get("slot"), header.get("slot_bytes")
+        if not (isinstance(path, str) and Path(path).name.startswith(self.allowed_prefix)):
+            raise WireError(f"shared-memory path {path!r} is not one of this run's")
+        if not (isinstance(slot, int) and isinstance(slot_bytes, int) and slot >= 0 and slot_bytes > 0):
+            raise WireError("'slot' and 'slot_bytes' must be non-negative ints")
+        fields = check_fields(header.get("fields"))
+        offsets, needed = _layout(fields)
+        if needed > slot_bytes:
+            raise WireError(f"fields need {needed} bytes but slot_bytes is {slot_bytes}")
+        buf = self._map_for(path, (slot + 1) * slot_bytes)
+        base = slot * slot_bytes
+        out = {}
+        for (name, dt, shape, nbytes), offset in zip(fields, offsets):
+            view = np.frombuffer(buf, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset)
+            out[name] = view.reshape(shape).copy()
+        return out
+
+    def _map_for(self, path: str, min_size: int) -> mmap.mmap:
+        m = self._maps.get(path)
+        if m is None or len(m) < min_size:
+            if m is not None:
+                m.close()
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise WireError(f"cannot open shared memory {path}: {exc.strerror}") from None
+            try:
+                size = os.fstat(fd).st_size
+                if size < min_size:
+                    raise WireError(f"slot beyond end of {path} ({size} < {min_size} bytes)")
+                m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._maps[path] = m
+        return m
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
