@@ -38,6 +38,9 @@ class AlgoLearner(Protocol):
     def add(self, fragment: Mapping[str, np.ndarray]) -> None:
         """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras)."""
 
+    def wants_data(self) -> bool:
+        """False while the buffer is full; the runtime then leaves fragments (and credits) with actors."""
+
     def ready(self) -> bool:
         """True when enough data is buffered for one update."""
 

@@ -184,6 +184,10 @@ class PPOLearner:
         self.pending.append(fragment)
         self._samples_per_fragment = int(fragment["reward"].size)
 
+    def wants_data(self) -> bool:
+        # on-policy: hold no more than one batch, so back-pressure reaches the actors
+        return len(self.pending) < self.cfg.batch_fragments
+
     def ready(self) -> bool:
         return len(self.pending) >= self.cfg.batch_fragments
 

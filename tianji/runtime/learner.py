@@ -40,6 +40,9 @@ class Learner:
         self.busy_s += time.perf_counter() - start
         return True
 
+    def wants_data(self) -> bool:
+        return self.algo.wants_data()
+
     def ready(self) -> bool:
         return self.algo.ready()
 

@@ -249,13 +249,13 @@ def _learner_loop(run: RunContext, endpoints: Endpoints, token: str, ctx: zmq.Co
 
     last_event = last_checkpoint = time.time()
     while True:
-        timeout = 0 if learner.ready() else 50
+        timeout = 0 if learner.ready() or not learner.wants_data() else 50
         started = time.perf_counter()
         ready = dict(poller.poll(timeout))
         reporter.wait_s += time.perf_counter() - started
         if control in ready and _stop_requested(control):
             break
-        while router.poll(0):
+        while learner.wants_data() and router.poll(0):
             identity, *frames = router.recv_multipart(copy=False)
             try:
                 handle(identity.bytes, frames)

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from tianji.config import build_config
+
+
+class FakeVectorEnv:
+    """k envs whose episodes last `episode_length` steps; obs = [step in episode, env index].
+
+    Resets on the step after an episode ends (Gymnasium's next-step autoreset):
+    that step returns the reset obs with reward 0 and no termination.
+    """
+
+    def __init__(self, num_envs: int = 3, episode_length: int = 4, truncate: bool = False):
+        self.num_envs = num_envs
+        self.episode_length = episode_length
+        self.truncate = truncate
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.needs_reset = np.zeros(num_envs, dtype=bool)
+        self.actions: list[np.ndarray] = []
+
+    def _obs(self) -> np.ndarray:
+        return np.stack([self.t.astype(np.float32), np.arange(self.num_envs, dtype=np.float32)], axis=1)
+
+    def reset(self, seed=None):
+        self.t[:] = 0
+        return self._obs(), {}
+
+    def step(self, actions):
+        self.actions.append(np.asarray(actions))
+        reward = np.where(self.needs_reset, 0.0, 1.0).astype(np.float32)
+        self.t = np.where(self.needs_reset, 0, self.t + 1)
+        ended = (self.t >= self.episode_length) & ~self.needs_reset
+        terminated = ended & (not self.truncate)
+        truncated = ended & self.truncate
+        self.needs_reset = ended
+        return self._obs(), reward, terminated, truncated, {}
+
+    def close(self):
+        pass
+
+
+class FakePolicy:
+    """Records a constant per-step extra; actions alternate; weights are a single 'w' array."""
+
+    def __init__(self):
+        self.w = np.zeros(1, np.float32)
+
+    def load_weights(self, weights):
+        self.w = np.array(weights["w"], copy=True)
+
+    def act(self, obs):
+        actions = (obs[:, 0].astype(np.int64) % 2)
+        return actions, {"action": actions, "w_used": np.full(len(obs), self.w[0], np.float32)}
+
+    def finish_fragment(self, fragment, last_obs):
+        return {"last_t": last_obs[:, 0].copy()}
+
+
+class FakeAlgoLearner:
+    def __init__(self, batch_fragments: int = 1):
+        self.batch_fragments = batch_fragments
+        self.pending = []
+        self.w = np.zeros(1, np.float32)
+        self.updates = 0
+
+    def add(self, fragment):
+        self.pending.append(fragment)
+
+    def wants_data(self):
+        return len(self.pending) < self.batch_fragments
+
+    def ready(self):
+        return len(self.pending) >= self.batch_fragments
+
+    def update(self):
+        self.pending = []
+        self.w = self.w + 1
+        self.updates += 1
+        return {"loss": 1.0}
+
+    def samples_per_update(self):
+        return 6
+
+    def weights(self):
+        return {"w": self.w.copy()}
+
+    def state_dict(self):
+        return {"w": self.w.copy()}
+
+    def load_state_dict(self, state):
+        self.w = state["w"]
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """A CartPole PPO config that runs a few seconds and writes under tmp_path."""
+
+    def make(**stop):
+        return build_config({
+            "name": "test",
+            "topology": {"actors": 1, "envs_per_actor": 4, "fragment_length": 16},
+            "algo": {"name": "ppo", "epochs": 1, "minibatches": 1},
+            "stop": stop or {"max_env_steps": 2048},
+            "logging": {"run_root": str(tmp_path / "runs"), "console": False, "interval_s": 0.2},
+            "checkpoint": {"interval_s": 0.5},
+        })
+
+    return make

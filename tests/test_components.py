@@ -1,0 +1,76 @@
+"""Actor and learner behaviour with fake envs, policies and algorithms."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import FakeAlgoLearner, FakePolicy, FakeVectorEnv
+from tianji.runtime.actor import Actor
+from tianji.runtime.learner import Learner
+
+
+def make_actor(T=5, k=3, episode_length=4, truncate=False):
+    return Actor(actor_id=2, envs=FakeVectorEnv(k, episode_length, truncate), policy=FakePolicy(),
+                 fragment_length=T, seed=0)
+
+
+def test_actor_fragments_are_shaped_and_stamped():
+    actor = make_actor()
+    actor.set_weights(3, {"w": np.array([3.0], np.float32)})
+    first, second = actor.collect(), actor.collect()
+    assert (first.actor_id, first.seq, first.policy_version, first.env_steps) == (2, 0, 3, 15)
+    assert second.seq == 1
+    a = first.arrays
+    assert a["obs"].shape == (5, 3, 2) and a["obs"].dtype == np.float32
+    for key in ("action", "w_used", "reward", "terminated", "done", "valid"):
+        assert a[key].shape == (5, 3), key
+    assert a["last_t"].shape == (3,)  # from the policy's finish_fragment
+    assert (a["w_used"] == 3.0).all()
+
+
+def test_actor_marks_the_reset_step_invalid_and_counts_episodes():
+    actor = make_actor(T=6, k=2, episode_length=4)
+    fragment = actor.collect()
+    a = fragment.arrays
+    # steps 0-3 are the episode (done at step 3), step 4 is the reset step, step 5 starts a new episode
+    np.testing.assert_array_equal(a["done"][:, 0], [0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(a["valid"][:, 0], [1, 1, 1, 1, 0, 1])
+    np.testing.assert_array_equal(a["obs"][4, :, 0], [4, 4])  # the reset row holds the final obs
+    assert actor.drain_episodes() == [(4.0, 4), (4.0, 4)]
+    assert actor.drain_episodes() == []
+
+
+def test_actor_picks_up_newest_weights_between_fragments():
+    actor = make_actor()
+    before = actor.collect()
+    actor.set_weights(5, {"w": np.array([5.0], np.float32)})
+    actor.set_weights(4, {"w": np.array([4.0], np.float32)})  # older version is ignored
+    after = actor.collect()
+    assert (before.arrays["w_used"] == 0).all()
+    assert after.policy_version == 5 and (after.arrays["w_used"] == 5.0).all()
+
+
+def test_learner_consumes_updates_and_bumps_version():
+    learner = Learner(FakeAlgoLearner(batch_fragments=2), max_policy_lag=3)
+    actor = make_actor()
+    assert learner.consume(actor.collect()) and not learner.ready()
+    assert learner.consume(actor.collect()) and learner.ready()
+    assert not learner.wants_data()
+    learner.update()
+    assert learner.version == 1 and learner.updates == 1 and learner.samples_trained == 6
+    actor.set_weights(learner.version, learner.weights())
+    assert actor.collect().arrays["w_used"][0, 0] == 1.0
+
+
+def test_learner_drops_fragments_over_the_lag_bound_and_counts_them():
+    learner = Learner(FakeAlgoLearner(batch_fragments=1), max_policy_lag=2)
+    actor = make_actor()
+    stale = actor.collect()  # version 0
+    for _ in range(3):
+        learner.consume(actor.collect())
+        learner.update()
+    assert learner.version == 3
+    assert not learner.consume(stale)
+    assert learner.lag.dropped == 1
+    assert learner.lag.histogram[3] == 1
+    assert learner.lag.summary()["policy_lag_max"] == 3

@@ -1,0 +1,87 @@
+"""Typed config: presets, overrides, and errors that name the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tianji.config import ConfigError, describe_fields, load_config, preset_names, to_yaml, build_config
+
+
+def test_presets_load_and_round_trip_through_yaml():
+    assert "cartpole-ppo" in preset_names()
+    for name in preset_names():
+        cfg = load_config(name)
+        assert build_config(yaml.safe_load(to_yaml(cfg))) == cfg
+
+
+def test_overrides_are_typed():
+    cfg = load_config("cartpole-ppo", ["topology.actors=3", "algo.lr=0.01", "stop.target_return=null",
+                                       "algo.hidden=[32, 32]"])
+    assert cfg.topology.actors == 3 and cfg.algo.lr == 0.01 and cfg.stop.target_return is None
+    assert cfg.algo.hidden == [32, 32]
+
+
+@pytest.mark.parametrize(
+    "override, field, expected",
+    [
+        ("algo.lrr=1", "algo.lrr", "unknown field"),
+        ("topology.actors=two", "topology.actors", "integer"),
+        ("topology.actors=0", "topology.actors", "greater than or equal to 1"),
+        ("algo.gamma=1.5", "algo.gamma", "less than or equal to 1"),
+        ("balance.max_inflight=-1", "balance.max_inflight", "greater than or equal to 1"),
+        ("algo.name=nope", "algo", "ppo"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_expectation(override, field, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole-ppo", [override])
+    message = str(info.value)
+    assert f"{field}:" in message and expected in message
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ConfigError, match="cartpole-ppo"):
+        load_config("no-such-preset")
+
+
+def test_every_field_is_documented():
+    rows = describe_fields()
+    assert {"seed", "env.id", "algo.lr", "topology.actors", "balance.max_policy_lag", "stop.target_return"} <= {
+        key for key, _, _ in rows
+    }
+    assert all(doc for _, _, doc in rows)
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tianji", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+def test_cli_rejects_bad_config_with_exit_code_and_field(tmp_path):
+    result = run_cli("train", "cartpole-ppo", "--set", "topology.envs_per_actor=-4", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "topology.envs_per_actor" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_rejects_unknown_env_id(tmp_path):
+    result = run_cli("train", "cartpole-ppo", "--set", "env.id=NoSuchEnv-v9", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "env.id" in result.stderr and "NoSuchEnv-v9" in result.stderr
+
+
+def test_cli_rejects_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("topology: [1, 2\n")
+    result = run_cli("train", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+
+
+def test_cli_help_lists_config_fields():
+    result = run_cli("train", "--help")
+    assert result.returncode == 0
+    assert "balance.max_policy_lag" in result.stdout and "Fragments produced more than" in result.stdout
