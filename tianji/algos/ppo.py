@@ -74,9 +74,9 @@ def ppo_loss(
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
     with torch.no_grad():
         stats = {
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "entropy": entropy_mean,
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy": entropy_mean.detach(),
             "approx_kl": ((ratio - 1) - log_ratio).mean(),
             "clip_frac": ((ratio - 1).abs() > cfg.clip).float().mean(),
         }

@@ -1,0 +1,57 @@
+"""Wall time and env steps to a 100-episode mean training return >= 475 on CartPole-v1 (preset cartpole-ppo).
+
+    python benchmarks/cartpole_ppo.py [--seeds 5] [--set key=value ...]
+
+Runs `tianji train cartpole-ppo` once per seed as a fresh command, one after another, and prints
+per-seed numbers and the medians. `time_to_target_s` counts from the command's start (imports and
+process start-up included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run_seed(seed: int, overrides: list[str], preset: str, root: Path) -> dict:
+    run_dir = root / f"seed{seed}"
+    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
+               "--set", f"seed={seed}", "--set", "logging.console=false"]
+    for item in overrides:
+        command += ["--set", item]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--preset", default="cartpole-ppo")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [run_seed(seed, args.overrides, args.preset, Path(tmp)) for seed in range(args.seeds)]
+    print(f"{'seed':>4} {'reached':>8} {'time_to_target_s':>17} {'env_steps':>10} {'final_mean100':>14} "
+          f"{'lag_mean':>8} {'lag_max':>7}")
+    for seed, r in enumerate(rows):
+        t = r["time_to_target_s"]
+        print(f"{seed:>4} {str(r['target_reached']):>8} {t if t is None else round(t, 2)!s:>17} "
+              f"{r['env_steps_to_target']!s:>10} {r['final_return_mean100']:>14.1f} "
+              f"{r['policy_lag_mean']:>8.2f} {r['policy_lag_max']:>7}")
+    reached = [r for r in rows if r["target_reached"]]
+    print(f"reached the target: {len(reached)}/{len(rows)}")
+    if len(reached) == len(rows):
+        print(f"median time to target: {statistics.median(r['time_to_target_s'] for r in rows):.2f} s "
+              f"(from command start)")
+        print(f"median env steps to target: {statistics.median(r['env_steps_to_target'] for r in rows):,.0f}")
+    else:
+        print("median over all seeds is undefined: some seeds missed the target (see stop.max_wall_time_s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Seconds-long runs of every launcher, resume, and Ctrl-C."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tianji.checkpoint import load_learner
+from tianji.runtime.run import train
+from tianji.shm import shm_root
+
+SUMMARY_KEYS = {"target_reached", "time_to_target_s", "env_steps_to_target", "final_return_mean100", "env_steps",
+                "wall_time_s", "policy_lag_max", "policy_lag_mean", "fragments_dropped"}
+
+
+def check_run_dir(run_dir: Path, min_steps: int) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["env_steps"] >= min_steps
+    assert (run_dir / "config.yaml").exists() and (run_dir / "meta.json").exists()
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert rows and {"env/return_mean100", "perf/env_steps_per_s", "balance/lag_max", "perf/learner_busy"} <= set(rows[0])
+    assert any((run_dir / "tensorboard").iterdir())
+    state = torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)
+    assert state["version"] == summary["policy_version"] > 0
+    return summary
+
+
+@pytest.mark.parametrize("launcher", ["inline", "local"])
+def test_short_run_writes_the_run_directory(launcher, tiny_config, tmp_path):
+    cfg = tiny_config(max_env_steps=4096)
+    run_dir, summary = train(cfg, launcher, run_dir=str(tmp_path / launcher))
+    summary = check_run_dir(run_dir, 4096)
+    assert summary["stop_reason"] == "max_env_steps"
+    assert summary["policy_lag_max"] <= cfg.balance.max_policy_lag
+    assert not list(shm_root().glob("tianji-*")), "shared memory must be removed"
+
+
+@pytest.mark.parametrize("launcher", ["inline", "local"])
+def test_resume_continues_from_the_last_checkpoint(launcher, tiny_config, tmp_path):
+    run_dir, first = train(tiny_config(max_env_steps=2048), launcher, run_dir=str(tmp_path / "run"))
+    version = load_learner(run_dir / "checkpoints")["version"]
+    resumed_dir, second = train(tiny_config(max_env_steps=4096), launcher, resume=str(run_dir))
+    assert resumed_dir == run_dir
+    assert second["env_steps"] >= 4096 > first["env_steps"]
+    assert second["policy_version"] > version
+    assert second["episodes"] > first["episodes"]
+
+
+def child_pids(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        p = frontier.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            frontier.extend(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir),
+         "--set", "stop.target_return=null", "--set", "stop.max_wall_time_s=120", "--set", "logging.interval_s=0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not ((run_dir / "metrics.csv").exists() and len(child_pids(process.pid)) >= 2):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        children = child_pids(process.pid)
+        assert len(children) >= 2, "learner and actor processes should be running"
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert not [p for p in children if alive(p)], "every child process must end"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    assert (run_dir / "checkpoints" / "learner.pt").exists()
+    assert str(run_dir) in output
