@@ -103,3 +103,42 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     assert summary["stop_reason"] == "interrupted"
     assert (run_dir / "checkpoints" / "learner.pt").exists()
     assert str(run_dir) in output
+
+
+def test_killed_actor_is_restarted_and_training_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir),
+         "--set", "stop.target_return=null", "--set", "stop.max_wall_time_s=14", "--set", "topology.actors=2",
+         "--set", "logging.interval_s=0.2", "--set", "logging.console=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        roles_file = run_dir / "roles.json"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (roles_file.exists() and (run_dir / "metrics.csv").exists()):
+            time.sleep(0.2)
+        time.sleep(2.0)
+        victim = json.loads(roles_file.read_text())["actor0"]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        output, _ = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["actor_restarts"] >= 1
+    assert json.loads((run_dir / "roles.json").read_text())["actor0"] != victim
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    after = [r for r in rows if float(r["time_s"]) > summary["wall_time_s"] - (time.time() - killed_at) + 2]
+    assert after and float(after[-1]["env_steps"]) > float(after[0]["env_steps"]), "training must go on"
+
+
+def test_inline_runs_repeat_exactly_with_the_same_seed(tiny_config, tmp_path):
+    first_dir, first = train(tiny_config(max_env_steps=2048), "inline", run_dir=str(tmp_path / "a"))
+    second_dir, second = train(tiny_config(max_env_steps=2048), "inline", run_dir=str(tmp_path / "b"))
+    assert (first["episodes"], first["final_return_mean100"]) == (second["episodes"], second["final_return_mean100"])
+    a = load_learner(first_dir / "checkpoints")["algo"]["net"]
+    b = load_learner(second_dir / "checkpoints")["algo"]["net"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

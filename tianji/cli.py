@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a role failed beyond repair (RoleError); the log above has its traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -178,6 +178,7 @@ class Monitor:
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
             "fragments_dropped": int(self.totals["dropped"]),
             "bad_messages": int(self.totals["bad_messages"]),
+            "actor_restarts": int(self.totals["actor_restarts"]),
             "updates": int(self.totals["updates"]),
             "samples_trained": int(self.totals["samples_trained"]),
             "policy_version": self.version,

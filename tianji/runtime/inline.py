@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from tianji.checkpoint import save_driver, save_learner
 from tianji.metrics import Monitor
 from tianji.runtime.build import build_actor, build_learner
@@ -14,6 +16,7 @@ from tianji.runtime.run import RunContext
 def run_inline(run: RunContext, monitor: Monitor) -> str:
     """Train until a stop condition; returns the stop reason."""
     cfg = run.cfg
+    torch.set_num_threads(cfg.topology.learner_threads)
     learner = build_learner(cfg, run.checkpoint_dir if run.resumed else None)
     actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
     weights = learner.weights()

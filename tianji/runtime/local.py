@@ -13,6 +13,7 @@ The driver never touches sample data.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import secrets
@@ -21,7 +22,7 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ log = logging.getLogger("tianji")
 EVENT_INTERVAL_S = 0.1
 STOP_GRACE_S = 20.0
 MAX_ACTOR_RESTARTS = 10
+HEARTBEAT_TIMEOUT_S = 60.0  # an actor silent this long (hung env, deadlock) is replaced
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
 
     learner = start("learner", learner_main)
     actors = {i: start(f"actor{i}", actor_main, i) for i in range(cfg.topology.actors)}
-    roles = _Roles(learner, actors, start)
+    roles = _Roles(learner, actors, start, run.run_dir)
     try:
         return _supervise(run, monitor, events, roles)
     except KeyboardInterrupt:
@@ -327,14 +329,27 @@ class _Roles:
     learner: multiprocessing.Process
     actors: dict[int, multiprocessing.Process]
     start: Callable[..., multiprocessing.Process]
-    restarts: int = 0
+    run_dir: Path
+    last_seen: dict[int, float] = field(default_factory=dict)  # actor id -> time of its last event
 
     def all(self) -> list[multiprocessing.Process]:
         return [self.learner, *self.actors.values()]
 
+    def write_pids(self) -> None:
+        """roles.json: which process is which, for operators (and the fault-tolerance test)."""
+        pids = {"learner": self.learner.pid, **{f"actor{i}": p.pid for i, p in self.actors.items()}}
+        (self.run_dir / "roles.json").write_text(json.dumps(pids))
 
-def _handle_event(run: RunContext, monitor: Monitor, event: dict[str, Any]) -> None:
+    def restart_actor(self, actor_id: int) -> None:
+        self.actors[actor_id] = self.start(f"actor{actor_id}", actor_main, actor_id)
+        self.last_seen[actor_id] = time.time()
+        self.write_pids()
+
+
+def _handle_event(run: RunContext, monitor: Monitor, roles: _Roles, event: dict[str, Any]) -> None:
     kind = event["kind"]
+    if kind == "actor":
+        roles.last_seen[event.get("id", -1)] = time.time()
     if kind == "checkpoint":
         save_driver(run.checkpoint_dir, monitor.state())
     elif kind == "error":
@@ -343,8 +358,7 @@ def _handle_event(run: RunContext, monitor: Monitor, event: dict[str, Any]) -> N
         monitor.on_event(event)
 
 
-def _drain_events(run: RunContext, monitor: Monitor, events: zmq.Socket, timeout_ms: int) -> list[dict[str, Any]]:
-    seen = []
+def _drain_events(run: RunContext, monitor: Monitor, roles: _Roles, events: zmq.Socket, timeout_ms: int) -> None:
     if events.poll(timeout_ms):
         while events.poll(0):
             try:
@@ -352,14 +366,14 @@ def _drain_events(run: RunContext, monitor: Monitor, events: zmq.Socket, timeout
             except WireError as exc:
                 log.warning("driver rejected an event: %s", exc)
                 continue
-            _handle_event(run, monitor, event)
-            seen.append(event)
-    return seen
+            _handle_event(run, monitor, roles, event)
 
 
 def _supervise(run: RunContext, monitor: Monitor, events: zmq.Socket, roles: _Roles) -> str:
+    started = time.time()
+    roles.write_pids()
     while True:
-        _drain_events(run, monitor, events, timeout_ms=50)
+        _drain_events(run, monitor, roles, events, timeout_ms=50)
         monitor.tick()
         reason = monitor.stop_reason()
         if reason is not None:
@@ -367,12 +381,19 @@ def _supervise(run: RunContext, monitor: Monitor, events: zmq.Socket, roles: _Ro
         if not roles.learner.is_alive():
             raise RoleError(f"learner exited with code {roles.learner.exitcode}; see the log above")
         for actor_id, process in list(roles.actors.items()):
-            if not process.is_alive():
-                roles.restarts += 1
-                if roles.restarts > MAX_ACTOR_RESTARTS:
-                    raise RoleError(f"actors died {roles.restarts} times; last exit code {process.exitcode}")
+            silent_s = time.time() - roles.last_seen.get(actor_id, started)
+            if process.is_alive() and silent_s < HEARTBEAT_TIMEOUT_S:
+                continue
+            monitor.totals["actor_restarts"] += 1
+            if monitor.totals["actor_restarts"] > MAX_ACTOR_RESTARTS:
+                raise RoleError(f"actors failed {MAX_ACTOR_RESTARTS} times; last exit code {process.exitcode}")
+            if process.is_alive():
+                log.warning("actor%d sent no heartbeat for %.0f s; replacing it", actor_id, silent_s)
+                process.kill()
+                process.join(1)
+            else:
                 log.warning("actor%d exited with code %s; restarting it", actor_id, process.exitcode)
-                roles.actors[actor_id] = roles.start(f"actor{actor_id}", actor_main, actor_id)
+            roles.restart_actor(actor_id)
 
 
 def _shutdown(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: _Roles) -> None:
@@ -380,7 +401,7 @@ def _shutdown(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zm
     deadline = time.time() + STOP_GRACE_S
     while time.time() < deadline and any(p.is_alive() for p in roles.all()):
         control.send(pack_header({"kind": "stop"}))
-        _drain_events(run, monitor, events, timeout_ms=100)
+        _drain_events(run, monitor, roles, events, timeout_ms=100)
     for process in roles.all():
         if process.is_alive():
             log.warning("%s did not stop in time; terminating it", process.name)
@@ -389,4 +410,4 @@ def _shutdown(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zm
         if process.is_alive():
             process.kill()
         process.join(1)
-    _drain_events(run, monitor, events, timeout_ms=0)
+    _drain_events(run, monitor, roles, events, timeout_ms=0)

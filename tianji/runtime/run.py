@@ -91,6 +91,9 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
         resumed_state = None
     _write_meta(run, launcher)
     monitor = Monitor(cfg, path, t0, resumed_state)
+    if cfg.logging.console:
+        print(f"run directory: {path}", flush=True)
+    reason = "error"
     try:
         if launcher == "inline":
             from tianji.runtime.inline import run_inline
@@ -101,9 +104,9 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
 
             reason = run_local(run, monitor)
         monitor.tick(force=True)
-    finally:
+    finally:  # a failed run still leaves its counters and summary behind
         monitor.close()
-    save_driver(run.checkpoint_dir, monitor.state())
-    summary = monitor.summary(reason)
-    (path / "summary.json").write_text(json.dumps(summary, indent=2))
+        save_driver(run.checkpoint_dir, monitor.state())
+        summary = monitor.summary(reason)
+        (path / "summary.json").write_text(json.dumps(summary, indent=2))
     return path, summary
