@@ -128,7 +128,7 @@ def test_killed_actor_is_restarted_and_training_goes_on(tmp_path):
             process.kill()
     assert process.returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["actor_restarts"] >= 1
+    assert summary["role_restarts"] >= 1
     assert json.loads((run_dir / "roles.json").read_text())["actor0"] != victim
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     after = [r for r in rows if float(r["time_s"]) > summary["wall_time_s"] - (time.time() - killed_at) + 2]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -44,7 +44,34 @@ class PPOConfig(_Section):
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
 
 
-AlgoConfig = Annotated[Union[PPOConfig], Field(discriminator="name")]
+class DQNConfig(_Section):
+    name: Literal["dqn"] = Field("dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy).")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")
+    double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
+    dueling: bool = Field(True, description="Dueling value/advantage heads.")
+    hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
+    batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
+    buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
+    learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
+    target_update_interval: int = Field(250, ge=1, description="Hard target-network update every N updates (when target_tau is 1).")
+    target_tau: float = Field(1.0, gt=0, le=1, description="Polyak factor per update; 1 means periodic hard updates.")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    prioritized: bool = Field(True, description="Proportional prioritized replay (priorities from actors, then TD errors).")
+    priority_alpha: float = Field(0.6, ge=0, description="Priority exponent.")
+    beta_start: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start, annealed to 1.")
+    beta_anneal_updates: int = Field(20_000, ge=1, description="Updates over which beta anneals to 1.")
+    exploration: Literal["ladder", "linear"] = Field(
+        "ladder", description="ladder: fixed per-env epsilon_i = epsilon**(1 + epsilon_alpha*i/(N-1)) over all envs "
+        "of all actors (Ape-X); linear: each actor anneals from epsilon_start to epsilon over its own steps.")
+    epsilon: float = Field(0.4, ge=0, le=1, description="Ladder base epsilon, or the final epsilon of the linear schedule.")
+    epsilon_alpha: float = Field(7.0, ge=0, description="Ladder exponent alpha.")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="Linear schedule: starting epsilon.")
+    epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
+
+
+AlgoConfig = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):
@@ -59,12 +86,25 @@ class BalanceConfig(_Section):
     max_policy_lag: int = Field(8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted).")
     max_inflight: int = Field(2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits).")
     publish_every: int = Field(1, ge=1, description="Publish weights to actors every N learner updates.")
+    replay_ratio: float | None = Field(
+        None, gt=0, description="Off-policy: samples trained per env step inserted, held by a rate limiter "
+        "that pauses the faster side (null: no limit).")
+    replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
 
 
 class StopConfig(_Section):
-    target_return: float | None = Field(None, description="Stop when the mean return of the last 100 episodes reaches this.")
+    target_return: float | None = Field(None, description="Stop when target_metric reaches this return.")
+    target_metric: Literal["train", "eval"] = Field(
+        "train", description="train: mean return of the last 100 training episodes; eval: mean greedy return of "
+        "one evaluation round (needs eval.interval_s).")
     max_env_steps: int | None = Field(None, ge=1, description="Stop after this many env steps in total.")
     max_wall_time_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
+
+
+class EvalConfig(_Section):
+    interval_s: float | None = Field(None, gt=0, description="Seconds between greedy evaluations of the newest "
+                                     "weights, in their own role (null: no evaluation).")
+    episodes: int = Field(20, ge=1, description="Episodes per evaluation round (run as one vector env).")
 
 
 class LoggingConfig(_Section):
@@ -86,8 +126,15 @@ class Config(_Section):
     topology: TopologyConfig = Field(default_factory=TopologyConfig, description="Actors, envs per actor, fragment size.")
     balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Production-consumption balance.")
     stop: StopConfig = Field(default_factory=StopConfig, description="Stop conditions (any one ends the run).")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Greedy evaluation.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and console output.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+
+    @model_validator(mode="after")
+    def _eval_target_needs_eval(self) -> "Config":
+        if self.stop.target_metric == "eval" and self.stop.target_return is not None and self.eval.interval_s is None:
+            raise ValueError("stop.target_metric is 'eval' but eval.interval_s is null; set eval.interval_s")
+        return self
 
 
 # ---------------------------------------------------------------- loading
@@ -163,9 +210,11 @@ def _format_validation_error(exc: ValidationError) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif err["type"] == "value_error":  # our own cross-field checks name their fields
+            msg = msg.removeprefix("Value error, ")
         elif "input" in err and err["type"] != "missing":
             msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"  {path or '<root>'}: {msg}")
+        lines.append(f"  {path}: {msg}" if path else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 

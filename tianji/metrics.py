@@ -42,12 +42,16 @@ class Monitor:
         self.time_to_target_s = r.get("time_to_target_s")
         self.env_steps_to_target = r.get("env_steps_to_target")
         self.version = int(r.get("version", 0))
+        self.eval_return: float | None = r.get("eval_return")
+        self.eval_length = float("nan")
+        self.eval_version = -1
+        self.replay_ratio = float("nan")
         self.train_stats: dict[str, float] = {}
         self._window_lags: list[int] = []
         self._last_row_time = time.time()
         self._last_counts = self._counts()
         self._writer = _RowWriter(run_dir, cfg.logging.tensorboard)
-        self._console = _ConsoleLine(cfg.logging.console)
+        self._console = _ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
         self.last_row: dict[str, float] = {}
 
     # ------------------------------------------------------------ events
@@ -60,6 +64,8 @@ class Monitor:
             self._on_actor(event)
         elif kind == "learner":
             self._on_learner(event)
+        elif kind == "eval":
+            self._on_eval(event)
 
     def _on_actor(self, e: dict[str, Any]) -> None:
         self.env_steps += int(e.get("env_steps", 0))
@@ -79,19 +85,35 @@ class Monitor:
             self.totals[key] += int(e.get(key, 0))
         self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
         self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
+        self.totals["insert_blocked_s"] += float(e.get("insert_blocked_s", 0.0))
+        self.totals["sample_blocked_s"] += float(e.get("sample_blocked_s", 0.0))
+        self.replay_ratio = float(e.get("replay_ratio", self.replay_ratio))
         lags = [int(x) for x in e.get("lags", [])]
         self.lag_hist.update(lags)
         self._window_lags.extend(lags)
         self.train_stats.update(e.get("stats", {}))
 
+    def _on_eval(self, e: dict[str, Any]) -> None:
+        self.eval_return = float(e["return_mean"])
+        self.eval_length = float(e.get("length_mean", float("nan")))
+        self.eval_version = int(e.get("version", -1))
+        self.totals["eval_rounds"] += 1
+        self._check_target()
+
     def return_mean(self) -> float | None:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
+    def target_value(self) -> float | None:
+        """The number the target is compared with: training mean100 or the latest greedy evaluation."""
+        if self.cfg.stop.target_metric == "eval":
+            return self.eval_return
+        return self.return_mean() if len(self.returns) >= WINDOW else None
+
     def _check_target(self) -> None:
-        target = self.cfg.stop.target_return
-        if self.target_reached or target is None or len(self.returns) < WINDOW:
+        target, value = self.cfg.stop.target_return, self.target_value()
+        if self.target_reached or target is None or value is None:
             return
-        if self.return_mean() >= target:  # type: ignore[operator]
+        if value >= target:
             self.target_reached = True
             self.time_to_target_s = self.elapsed()
             self.env_steps_to_target = self.env_steps
@@ -146,6 +168,12 @@ class Monitor:
             "balance/lag_mean": sum(lags) / len(lags) if lags else float("nan"),
             "balance/lag_max": max(lags) if lags else float("nan"),
             "balance/fragments_dropped": self.totals["dropped"],
+            "balance/replay_ratio": self.replay_ratio,
+            "balance/insert_blocked": d.get("insert_blocked_s", 0) / dt,
+            "balance/sample_blocked": d.get("sample_blocked_s", 0) / dt,
+            "eval/return_mean": self.eval_return if self.eval_return is not None else float("nan"),
+            "eval/length_mean": self.eval_length,
+            "eval/policy_version": self.eval_version,
             "balance/bad_messages": self.totals["bad_messages"],
         }
         row.update({f"train/{k}": v for k, v in self.train_stats.items()})
@@ -164,13 +192,20 @@ class Monitor:
 
     def summary(self, stop_reason: str) -> dict[str, Any]:
         mean = self.return_mean()
+        metric = {"train": "env/return_mean100 (mean return of the last 100 training episodes)",
+                  "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)"}
         return {
             "target_reached": self.target_reached,
-            "target_metric": "env/return_mean100 (training episodes)",
+            "target_metric": metric[self.cfg.stop.target_metric],
             "target_return": self.cfg.stop.target_return,
             "time_to_target_s": self.time_to_target_s,
             "env_steps_to_target": self.env_steps_to_target,
             "final_return_mean100": mean,
+            "final_eval_return_mean": self.eval_return,
+            "eval_rounds": int(self.totals["eval_rounds"]),
+            "replay_ratio": None if self.replay_ratio != self.replay_ratio else self.replay_ratio,
+            "learner_blocked_s": round(self.totals["sample_blocked_s"], 3),
+            "actors_blocked_s": round(self.totals["insert_blocked_s"] + self.totals["actor_wait_s"], 3),
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "wall_time_s": round(self.elapsed(), 3),
@@ -178,7 +213,7 @@ class Monitor:
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
             "fragments_dropped": int(self.totals["dropped"]),
             "bad_messages": int(self.totals["bad_messages"]),
-            "actor_restarts": int(self.totals["actor_restarts"]),
+            "role_restarts": int(self.totals["role_restarts"]),
             "updates": int(self.totals["updates"]),
             "samples_trained": int(self.totals["samples_trained"]),
             "policy_version": self.version,
@@ -199,6 +234,7 @@ class Monitor:
             "time_to_target_s": self.time_to_target_s,
             "env_steps_to_target": self.env_steps_to_target,
             "version": self.version,
+            "eval_return": self.eval_return,
         }
 
     def close(self) -> None:
@@ -254,24 +290,28 @@ def _csv_columns(path: Path) -> list[str]:
 class _ConsoleLine:
     """One progress line, rewritten in place on a terminal and appended otherwise."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, show_ratio: bool = False):
         self.enabled = enabled
+        self.show_ratio = show_ratio
         self.tty = sys.stdout.isatty()
         self._shown = False
 
     def show(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
-        ret = row["env/return_mean100"]
+        ret, evaluated = row["env/return_mean100"], row["eval/return_mean"]
         lag = row["balance/lag_mean"]
         line = (
             f"[{row['time_s']:7.1f}s] steps {int(row['env_steps']):>10,} "
             f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
-            f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
+            + (f"eval {evaluated:6.1f} " if evaluated == evaluated else "")
+            + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
             f"upd {row['perf/updates_per_s']:5.1f}/s | lag {_fmt(row['balance/lag_min'])}/"
             f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
             f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
         )
+        if row["balance/replay_ratio"] == row["balance/replay_ratio"] and self.show_ratio:
+            line += f" | rr {row['balance/replay_ratio']:.1f}"
         if self.tty:
             sys.stdout.write("\r" + line + "\033[K")
         else:

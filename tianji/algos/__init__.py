@@ -11,7 +11,13 @@ def _ppo() -> AlgoSpec:
     return AlgoSpec("ppo", PPOPolicy, PPOLearner)
 
 
-_FACTORIES = {"ppo": _ppo}
+def _dqn() -> AlgoSpec:
+    from tianji.algos.dqn import DQNLearner, DQNPolicy
+
+    return AlgoSpec("dqn", DQNPolicy, DQNLearner)
+
+
+_FACTORIES = {"ppo": _ppo, "dqn": _dqn}
 
 
 def get_algo(name: str) -> AlgoSpec:

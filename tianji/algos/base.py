@@ -3,7 +3,7 @@
 An algorithm is an `AlgoSpec` in `tianji.algos.REGISTRY`:
 
     spec = get_algo("ppo")
-    policy = spec.make_policy(cfg.algo, obs_space, act_space)    # in each actor
+    policy = spec.make_policy(cfg.algo, obs_space, act_space, Placement(actor_id, actors, envs))  # in each actor
     learner = spec.make_learner(cfg.algo, obs_space, act_space)  # in the learner
     policy.load_weights(learner.weights())
 """
@@ -19,6 +19,15 @@ import torch
 Arrays = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a policy runs, for per-actor behaviour such as an exploration ladder."""
+
+    actor_id: int = 0
+    num_actors: int = 1
+    envs_per_actor: int = 1
+
+
 class ActorPolicy(Protocol):
     """Batched inference inside an actor."""
 
@@ -27,6 +36,9 @@ class ActorPolicy(Protocol):
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
         """Actions for a batch of observations, plus per-step extras to record (e.g. log-probs)."""
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for evaluation."""
 
     def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
         """Add what the learner needs beyond the recorded steps (e.g. bootstrap values)."""
@@ -62,7 +74,7 @@ class AlgoLearner(Protocol):
 @dataclass(frozen=True)
 class AlgoSpec:
     name: str
-    make_policy: Callable[[Any, Any, Any], ActorPolicy]
+    make_policy: Callable[[Any, Any, Any, Placement], ActorPolicy]
     make_learner: Callable[[Any, Any, Any], AlgoLearner]
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import Arrays, load_module_weights, mlp, module_weights
+from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
 from tianji.config import PPOConfig
 
 # ------------------------------------------------------------------ pure math
@@ -148,7 +148,7 @@ class ActorCritic(nn.Module):
 
 
 class PPOPolicy:
-    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
+    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         self.net = ActorCritic(obs_space, act_space, cfg.hidden)
         self.net.requires_grad_(False)
         self.low = getattr(act_space, "low", None)
@@ -163,6 +163,11 @@ class PPOPolicy:
         action_np = action.numpy()
         env_action = action_np if self.net.discrete else np.clip(action_np, self.low, self.high)
         return env_action, {"action": action_np, "logp": logp.numpy(), "value": value.numpy()}
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        head, _ = self.net(torch.from_numpy(obs))
+        return head.argmax(dim=-1).numpy() if self.net.discrete else np.clip(head.numpy(), self.low, self.high)
 
     @torch.no_grad()
     def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:

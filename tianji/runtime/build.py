@@ -7,10 +7,13 @@ from pathlib import Path
 import torch
 
 from tianji.algos import get_algo
+from tianji.algos.base import Placement
 from tianji.checkpoint import load_learner
 from tianji.config import Config
 from tianji.envs import env_spaces, make_vector_env
 from tianji.runtime.actor import Actor
+from tianji.runtime.balance import RateLimiter
+from tianji.runtime.evaluator import Evaluator
 from tianji.runtime.learner import Learner
 
 
@@ -22,7 +25,9 @@ def actor_seed(cfg: Config, actor_id: int) -> int:
 def build_actor(cfg: Config, actor_id: int) -> Actor:
     torch.manual_seed(actor_seed(cfg, actor_id) + 1)
     envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor)
-    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space)
+    placement = Placement(actor_id, cfg.topology.actors, cfg.topology.envs_per_actor)
+    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space,
+                                                 envs.single_action_space, placement)
     return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id))
 
 
@@ -30,8 +35,18 @@ def build_learner(cfg: Config, checkpoint_dir: Path | None = None) -> Learner:
     """A learner, restored from `checkpoint_dir` when it holds a checkpoint."""
     torch.manual_seed(cfg.seed)
     obs_space, act_space = env_spaces(cfg.env)
-    learner = Learner(get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space), cfg.balance.max_policy_lag)
+    limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
+    algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space)
+    learner = Learner(algo, cfg.balance.max_policy_lag, limiter)
     state = load_learner(checkpoint_dir) if checkpoint_dir is not None else None
     if state is not None:
         learner.load_state_dict(state)
     return learner
+
+
+def build_evaluator(cfg: Config) -> Evaluator:
+    torch.manual_seed(cfg.seed + 7)
+    envs = make_vector_env(cfg.env, cfg.eval.episodes)
+    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space,
+                                                 envs.single_action_space, Placement())
+    return Evaluator(envs, policy, seed=cfg.seed * 1_000_003 + 999_983)

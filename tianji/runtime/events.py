@@ -50,6 +50,8 @@ class LearnerReporter:
             "busy_s": lr.busy_s,
             "wait_s": self.wait_s,
             "bad_messages": self.bad_messages,
+            "insert_blocked_s": lr.limiter.blocked_s["insert"],
+            "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }
 
     def event(self) -> dict[str, Any]:
@@ -59,5 +61,6 @@ class LearnerReporter:
             "version": lr.version,
             "lags": lr.lag.take_window(),
             "stats": dict(lr.last_stats),
+            "replay_ratio": lr.limiter.ratio(),
             **self._deltas(self._counts()),
         }

@@ -8,7 +8,7 @@ import torch
 
 from tianji.checkpoint import save_driver, save_learner
 from tianji.metrics import Monitor
-from tianji.runtime.build import build_actor, build_learner
+from tianji.runtime.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.events import ActorReporter, LearnerReporter
 from tianji.runtime.run import RunContext
 
@@ -29,13 +29,15 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
         save_learner(run.checkpoint_dir, learner.state_dict())
         save_driver(run.checkpoint_dir, monitor.state())
 
-    last_checkpoint = time.time()
+    evaluator = build_evaluator(cfg) if cfg.eval.interval_s is not None else None
+    last_checkpoint = last_eval = time.time()
     reason = None
     try:
         while (reason := monitor.stop_reason()) is None:
             for actor, reporter in zip(actors, actor_reporters):
-                learner.consume(actor.collect())
-                monitor.on_event(reporter.event())
+                if learner.wants_data():
+                    learner.consume(actor.collect())
+                    monitor.on_event(reporter.event())
                 while learner.ready():
                     learner.update()
                     if learner.version % cfg.balance.publish_every == 0:
@@ -43,6 +45,10 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
                         for a in actors:
                             a.set_weights(learner.version, weights)
                 monitor.on_event(learner_reporter.event())
+            if evaluator is not None and time.time() - last_eval >= cfg.eval.interval_s:
+                evaluator.set_weights(learner.version, learner.weights())
+                monitor.on_event(evaluator.evaluate())
+                last_eval = time.time()
             monitor.tick()
             if time.time() - last_checkpoint >= cfg.checkpoint.interval_s:
                 checkpoint()

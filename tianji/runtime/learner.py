@@ -1,7 +1,8 @@
 """Learner: owns its buffer (through the algorithm), trains as data arrives, versions its weights.
 
-    learner = Learner(algo_learner, max_policy_lag=8)
-    learner.consume(fragment)       # False when dropped as too stale
+    learner = Learner(algo_learner, max_policy_lag=8, limiter=RateLimiter(target=4.0, tolerance=0.1))
+    if learner.wants_data():
+        learner.consume(fragment)   # False when dropped as too stale
     while learner.ready():
         stats = learner.update()    # version += 1
     publish(learner.version, learner.weights())
@@ -16,14 +17,15 @@ from typing import Any
 
 from tianji.algos.base import AlgoLearner, Arrays
 from tianji.runtime.actor import Fragment
-from tianji.runtime.balance import LagStats
+from tianji.runtime.balance import LagStats, RateLimiter
 
 
 class Learner:
-    def __init__(self, algo: AlgoLearner, max_policy_lag: int):
+    def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None):
         self.algo = algo
         self.version = 0
         self.lag = LagStats(max_policy_lag)
+        self.limiter = limiter or RateLimiter(target=None, tolerance=0.0)
         self.updates = 0
         self.samples_trained = 0
         self.fragments_consumed = 0
@@ -35,16 +37,22 @@ class Learner:
         if not self.lag.admit(self.version, fragment.policy_version):
             return False
         start = time.perf_counter()
+        if self.algo.ready():  # the replay ratio counts from the end of the warm-up
+            self.limiter.inserted(fragment.env_steps)
         self.algo.add(fragment.arrays)
         self.fragments_consumed += 1
         self.busy_s += time.perf_counter() - start
         return True
 
     def wants_data(self) -> bool:
-        return self.algo.wants_data()
+        """Take another fragment now? (The buffer has room and the rate limiter lets actors go on.)"""
+        if not self.algo.wants_data():
+            return False
+        return not self.algo.ready() or self.limiter.can_insert()
 
     def ready(self) -> bool:
-        return self.algo.ready()
+        """Train now? (Enough data, and the rate limiter lets the learner go on.)"""
+        return self.algo.ready() and self.limiter.can_sample(self.algo.samples_per_update())
 
     def update(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -52,6 +60,7 @@ class Learner:
         self.version += 1
         self.updates += 1
         self.samples_trained += self.algo.samples_per_update()
+        self.limiter.trained(self.algo.samples_per_update())
         self.busy_s += time.perf_counter() - start
         return self.last_stats
 

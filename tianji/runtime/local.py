@@ -7,6 +7,7 @@ Who talks to whom (all in `run_local`):
     actor  <--SUB-----  learner PUB      versioned weights, newest wins
     roles  --PUSH---->  driver PULL      metric deltas (heartbeats), checkpoint notices, errors
     roles  <--SUB-----  driver PUB       stop
+    evaluator: hello on a DEALER and weights on a SUB like an actor; sends greedy returns as events
 
 The driver never touches sample data.
 """
@@ -22,7 +23,7 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +32,7 @@ import zmq
 from tianji.checkpoint import save_driver, save_learner
 from tianji.metrics import Monitor
 from tianji.runtime.actor import Fragment
-from tianji.runtime.build import build_actor, build_learner
+from tianji.runtime.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.events import ActorReporter, LearnerReporter
 from tianji.runtime.run import RunContext
 from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
@@ -192,12 +193,73 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
                               version=fragment.policy_version, env_steps=fragment.env_steps)
                 link.send(pack_header(header))
             if time.time() - last_event >= EVENT_INTERVAL_S:
-                events.send(pack_header(reporter.event()))
+                events.send(pack_header({**reporter.event(), "role": f"actor{actor_id}"}))
                 last_event = time.time()
     finally:
         events.send(pack_header(reporter.event()))
         slots.close()
         actor.envs.close()
+
+
+# ---------------------------------------------------------------- evaluator process
+
+
+def evaluator_main(run: RunContext, endpoints: Endpoints, token: str) -> None:
+    _init_role_process(1)
+    ctx = zmq.Context()
+    events = _socket(ctx, zmq.PUSH, endpoints.events)
+    try:
+        _evaluator_loop(run, endpoints, ctx, events)
+    except Exception:
+        _report_crash(events, "evaluator")
+        raise
+    finally:
+        ctx.destroy(linger=1000)
+
+
+def _evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket) -> None:
+    """Greedy rounds on the newest weights, at most one per eval.interval_s, only when weights changed."""
+    link = _socket(ctx, zmq.DEALER, endpoints.fragments)
+    weights = _socket(ctx, zmq.SUB, endpoints.weights)
+    control = _socket(ctx, zmq.SUB, endpoints.control)
+    poller = zmq.Poller()
+    for sock in (link, weights, control):
+        poller.register(sock, zmq.POLLIN)
+    evaluator = build_evaluator(run.cfg)
+    link.send(pack_header({"kind": "hello", "role": "evaluator"}))
+    last_round = last_event = 0.0
+    while True:
+        ready = dict(poller.poll(100))
+        if control in ready and _stop_requested(control):
+            break
+        for sock in (link, weights):
+            newest = None
+            while sock in ready and sock.poll(0):
+                newest = sock.recv_multipart(copy=False)
+            message = _checked_weights(newest)
+            if message is not None:
+                evaluator.set_weights(message[0]["version"], message[1])
+        now = time.time()
+        if evaluator.has_new_weights() and now - last_round >= run.cfg.eval.interval_s:
+            events.send(pack_header({**evaluator.evaluate(), "role": "evaluator"}))
+            last_round = last_event = time.time()
+        elif now - last_event >= 1.0:
+            events.send(pack_header({"kind": "heartbeat", "role": "evaluator"}))
+            last_event = now
+    evaluator.envs.close()
+
+
+def _checked_weights(frames: list[Any] | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    if frames is None:
+        return None
+    try:
+        header, arrays = decode(frames)
+        if header["kind"] != "weights" or not isinstance(header.get("version"), int):
+            raise WireError("expected a weights message with an int 'version'")
+        return header, arrays
+    except WireError as exc:
+        log.warning("evaluator rejected a message: %s", exc)
+        return None
 
 
 # ---------------------------------------------------------------- learner process
@@ -287,7 +349,7 @@ def _learner_loop(run: RunContext, endpoints: Endpoints, token: str, ctx: zmq.Co
 
 
 def run_local(run: RunContext, monitor: Monitor) -> str:
-    """Start the learner and actors, supervise them until a stop condition, stop them cleanly."""
+    """Start the learner, actors and evaluator, supervise them until a stop condition, stop them cleanly."""
     cfg = run.cfg
     token = secrets.token_hex(6)
     endpoints = Endpoints.ipc(token)
@@ -305,9 +367,11 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
             signal.signal(signal.SIGINT, previous)
         return process
 
-    learner = start("learner", learner_main)
-    actors = {i: start(f"actor{i}", actor_main, i) for i in range(cfg.topology.actors)}
-    roles = _Roles(learner, actors, start, run.run_dir)
+    workers: dict[str, tuple[Callable[..., None], tuple[Any, ...]]] = {
+        f"actor{i}": (actor_main, (i,)) for i in range(cfg.topology.actors)}
+    if cfg.eval.interval_s is not None:
+        workers["evaluator"] = (evaluator_main, ())
+    roles = _Roles(start("learner", learner_main), workers, start, run.run_dir)
     try:
         return _supervise(run, monitor, events, roles)
     except KeyboardInterrupt:
@@ -324,32 +388,38 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
             signal.signal(signal.SIGINT, previous)
 
 
-@dataclass
 class _Roles:
-    learner: multiprocessing.Process
-    actors: dict[int, multiprocessing.Process]
-    start: Callable[..., multiprocessing.Process]
-    run_dir: Path
-    last_seen: dict[int, float] = field(default_factory=dict)  # actor id -> time of its last event
+    """The learner plus restartable workers (actors, evaluator), each known by name."""
+
+    def __init__(self, learner: multiprocessing.Process,
+                 workers: dict[str, tuple[Callable[..., None], tuple[Any, ...]]],
+                 start: Callable[..., multiprocessing.Process], run_dir: Path):
+        self.learner = learner
+        self.specs = workers
+        self.start = start
+        self.run_dir = run_dir
+        self.workers = {name: start(name, target, *args) for name, (target, args) in workers.items()}
+        self.last_seen: dict[str, float] = {}  # worker name -> time of its last event
 
     def all(self) -> list[multiprocessing.Process]:
-        return [self.learner, *self.actors.values()]
+        return [self.learner, *self.workers.values()]
 
     def write_pids(self) -> None:
         """roles.json: which process is which, for operators (and the fault-tolerance test)."""
-        pids = {"learner": self.learner.pid, **{f"actor{i}": p.pid for i, p in self.actors.items()}}
+        pids = {"learner": self.learner.pid, **{name: p.pid for name, p in self.workers.items()}}
         (self.run_dir / "roles.json").write_text(json.dumps(pids))
 
-    def restart_actor(self, actor_id: int) -> None:
-        self.actors[actor_id] = self.start(f"actor{actor_id}", actor_main, actor_id)
-        self.last_seen[actor_id] = time.time()
+    def restart(self, name: str) -> None:
+        target, args = self.specs[name]
+        self.workers[name] = self.start(name, target, *args)
+        self.last_seen[name] = time.time()
         self.write_pids()
 
 
 def _handle_event(run: RunContext, monitor: Monitor, roles: _Roles, event: dict[str, Any]) -> None:
     kind = event["kind"]
-    if kind == "actor":
-        roles.last_seen[event.get("id", -1)] = time.time()
+    if isinstance(event.get("role"), str):
+        roles.last_seen[event["role"]] = time.time()
     if kind == "checkpoint":
         save_driver(run.checkpoint_dir, monitor.state())
     elif kind == "error":
@@ -380,20 +450,20 @@ def _supervise(run: RunContext, monitor: Monitor, events: zmq.Socket, roles: _Ro
             return reason
         if not roles.learner.is_alive():
             raise RoleError(f"learner exited with code {roles.learner.exitcode}; see the log above")
-        for actor_id, process in list(roles.actors.items()):
-            silent_s = time.time() - roles.last_seen.get(actor_id, started)
+        for name, process in list(roles.workers.items()):
+            silent_s = time.time() - roles.last_seen.get(name, started)
             if process.is_alive() and silent_s < HEARTBEAT_TIMEOUT_S:
                 continue
-            monitor.totals["actor_restarts"] += 1
-            if monitor.totals["actor_restarts"] > MAX_ACTOR_RESTARTS:
-                raise RoleError(f"actors failed {MAX_ACTOR_RESTARTS} times; last exit code {process.exitcode}")
+            monitor.totals["role_restarts"] += 1
+            if monitor.totals["role_restarts"] > MAX_ACTOR_RESTARTS:
+                raise RoleError(f"workers failed {MAX_ACTOR_RESTARTS} times; last: {name}, code {process.exitcode}")
             if process.is_alive():
-                log.warning("actor%d sent no heartbeat for %.0f s; replacing it", actor_id, silent_s)
+                log.warning("%s sent no heartbeat for %.0f s; replacing it", name, silent_s)
                 process.kill()
                 process.join(1)
             else:
-                log.warning("actor%d exited with code %s; restarting it", actor_id, process.exitcode)
-            roles.restart_actor(actor_id)
+                log.warning("%s exited with code %s; restarting it", name, process.exitcode)
+            roles.restart(name)
 
 
 def _shutdown(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: _Roles) -> None:

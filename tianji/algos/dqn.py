@@ -1,0 +1,266 @@
+"""DQN family with Ape-X actors: double Q, dueling heads, n-step returns, target network, Huber loss,
+prioritized replay owned by the learner, and initial priorities computed by the actors.
+
+The math (`nstep_transitions`, `double_q_targets`, `td_loss`, `epsilon_ladder`) is pure and tested
+against hand-computed references. `DQNPolicy` runs in actors, `DQNLearner` in the learner.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
+from tianji.config import DQNConfig
+from tianji.replay import PrioritizedReplay
+
+# ------------------------------------------------------------------ pure math
+
+
+def epsilon_ladder(index: int, count: int, base: float, alpha: float) -> float:
+    """Ape-X exploration ladder: epsilon_i = base ** (1 + alpha * i / (count - 1))."""
+    if count <= 1:
+        return base
+    return base ** (1 + alpha * index / (count - 1))
+
+
+def nstep_transitions(
+    rewards: np.ndarray,
+    terminated: np.ndarray,
+    dones: np.ndarray,
+    valid: np.ndarray,
+    gamma: float,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step returns for every start row of a [T, k] fragment.
+
+    Returns `(returns, discounts, steps)`: the discounted sum of up to n rewards
+    (fewer when the episode or the fragment ends first), the discount to apply to
+    the bootstrap value (gamma**steps, or 0 after termination), and how many steps
+    were taken, so the bootstrap state is row `t + steps` (row T = the obs after the
+    fragment). After a truncation that row holds the final observation (the actor's
+    recording convention), so truncated episodes bootstrap correctly.
+    """
+    T, k = rewards.shape
+    rows = np.arange(T)[:, None]
+    cols = np.arange(k)[None, :]
+    returns = np.zeros((T, k), dtype=np.float32)
+    steps = np.zeros((T, k), dtype=np.int64)
+    ended_by_termination = np.zeros((T, k), dtype=bool)
+    active = valid.astype(bool).copy()
+    for i in range(n):
+        idx = rows + i
+        in_fragment = idx < T
+        idx = np.minimum(idx, T - 1)
+        stepping = active & in_fragment
+        returns += np.where(stepping, (gamma ** i) * rewards[idx, cols], 0.0).astype(np.float32)
+        steps += stepping
+        ended_by_termination |= stepping & terminated[idx, cols]
+        active = stepping & ~dones[idx, cols]
+    discounts = np.where(ended_by_termination, 0.0, gamma ** steps).astype(np.float32)
+    return returns, discounts, steps
+
+
+def double_q_targets(
+    rewards: torch.Tensor, discounts: torch.Tensor, next_q_online: torch.Tensor, next_q_target: torch.Tensor,
+    double: bool,
+) -> torch.Tensor:
+    """r + discount * Q_target(s', a*), a* from the online net (double Q) or the target net."""
+    if double:
+        best = next_q_online.argmax(dim=-1, keepdim=True)
+        bootstrap = next_q_target.gather(-1, best).squeeze(-1)
+    else:
+        bootstrap = next_q_target.max(dim=-1).values
+    return rewards + discounts * bootstrap
+
+
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance-weighted Huber loss and the TD errors (for new priorities)."""
+    td = targets.detach() - q_taken
+    loss = (weights * nn.functional.smooth_l1_loss(q_taken, targets.detach(), reduction="none")).mean()
+    return loss, td.detach()
+
+
+# ------------------------------------------------------------------ network
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool):
+        super().__init__()
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise ValueError(f"DQN needs a Discrete action space, got {act_space}")
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"DQN needs a Box observation space, got {obs_space}")
+        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
+        n_actions = int(act_space.n)
+        obs_dim = int(np.prod(obs_space.shape))
+        self.dueling = dueling
+        self.trunk = nn.Sequential(mlp([obs_dim, *hidden]), nn.ReLU()) if hidden else nn.Identity()
+        width = hidden[-1] if hidden else obs_dim
+        self.advantage = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.trunk(obs.reshape(obs.shape[0], -1).float() * self.scale)
+        adv = self.advantage(x)
+        if self.value is None:
+            return adv
+        return self.value(x) + adv - adv.mean(dim=-1, keepdim=True)
+
+
+def _make_net(cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space) -> QNetwork:
+    return QNetwork(obs_space, act_space, cfg.hidden, cfg.dueling)
+
+
+# ------------------------------------------------------------------ actor side
+
+
+class DQNPolicy:
+    """Epsilon-greedy inference; builds n-step transitions and their initial priorities actor-side."""
+
+    def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
+        self.cfg = cfg
+        self.net = _make_net(cfg, obs_space, act_space)
+        self.net.requires_grad_(False)
+        self.n_actions = int(act_space.n)
+        self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
+        self.steps = 0
+        # this actor's rungs of the ladder that spans every env of every actor
+        k = placement.envs_per_actor
+        total = placement.num_actors * k
+        first = placement.actor_id * k
+        self.ladder = np.array([epsilon_ladder(first + j, total, cfg.epsilon, cfg.epsilon_alpha) for j in range(k)])
+
+    def current_epsilon(self) -> np.ndarray:
+        c = self.cfg
+        if c.exploration == "linear":  # actor-local schedule: nothing shared through the learner
+            frac = min(1.0, self.steps / (len(self.ladder) * c.epsilon_decay_steps))
+            return np.full(len(self.ladder), c.epsilon_start + frac * (c.epsilon - c.epsilon_start))
+        return self.ladder
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        load_module_weights(self.net, weights)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
+        q = self.net(torch.from_numpy(obs)).numpy()
+        greedy = q.argmax(axis=1)
+        explore = self.rng.random(len(q)) < self.current_epsilon()
+        action = np.where(explore, self.rng.integers(0, self.n_actions, len(q)), greedy)
+        self.steps += len(q)
+        rows = np.arange(len(q))
+        return action, {"action": action, "q_taken": q[rows, action].astype(np.float32),
+                        "q_max": q.max(axis=1).astype(np.float32)}
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return self.net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+
+    @torch.no_grad()
+    def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
+        """Replace per-step rows by n-step transitions with initial priorities from our own Q-values."""
+        c = self.cfg
+        returns, discounts, steps = nstep_transitions(
+            fragment["reward"], fragment["terminated"], fragment["done"], fragment["valid"], c.gamma, c.n_step)
+        T, k = returns.shape
+        all_obs = np.concatenate([fragment["obs"], last_obs[None]], axis=0)
+        last_q_max = self.net(torch.from_numpy(last_obs)).max(dim=1).values.numpy()
+        all_q_max = np.concatenate([fragment["q_max"], last_q_max[None]], axis=0)
+        next_rows = np.arange(T)[:, None] + steps
+        cols = np.arange(k)[None, :]
+        priority = np.abs(returns + discounts * all_q_max[next_rows, cols] - fragment["q_taken"])
+        return {"nstep_return": returns, "discount": discounts, "next_obs": all_obs[next_rows, cols],
+                "priority": priority.astype(np.float32)}
+
+
+# ------------------------------------------------------------------ learner side
+
+class DQNLearner:
+    def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space):
+        self.cfg = cfg
+        self.net = _make_net(cfg, obs_space, act_space)
+        self.target = _make_net(cfg, obs_space, act_space)
+        self.target.load_state_dict(self.net.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        self.replay = PrioritizedReplay(cfg.buffer_capacity, {
+            "obs": (obs_space.shape, obs_space.dtype),
+            "next_obs": (obs_space.shape, obs_space.dtype),
+            "action": ((), np.int64),
+            "nstep_return": ((), np.float32),
+            "discount": ((), np.float32),
+        }, alpha=cfg.priority_alpha if cfg.prioritized else 0.0)
+        self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
+        self.updates = 0
+
+    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
+        valid = fragment["valid"].reshape(-1)
+        flat = {k: v.reshape(valid.shape[0], *v.shape[2:])[valid] for k, v in fragment.items()
+                if k in self.replay.data or k == "priority"}
+        priority = flat.pop("priority") if self.cfg.prioritized else None
+        self.replay.add(flat, priority)
+
+    def wants_data(self) -> bool:
+        return True  # the runtime's rate limiter balances insertion against training
+
+    def ready(self) -> bool:
+        return len(self.replay) >= max(self.cfg.learning_starts, self.cfg.batch_size)
+
+    def samples_per_update(self) -> int:
+        return self.cfg.batch_size
+
+    def _beta(self) -> float:
+        c = self.cfg
+        frac = min(1.0, self.updates / max(1, c.beta_anneal_updates))
+        return c.beta_start + frac * (1.0 - c.beta_start)
+
+    def update(self) -> dict[str, float]:
+        c = self.cfg
+        idx, batch, weights = self.replay.sample(c.batch_size, self._beta(), self.rng)
+        t = {k: torch.from_numpy(v) for k, v in batch.items()}
+        q = self.net(torch.cat([t["obs"], t["next_obs"]])) if c.double else self.net(t["obs"])
+        q_obs = q[: c.batch_size]
+        with torch.no_grad():
+            next_q_online = q[c.batch_size:].detach() if c.double else None
+            next_q_target = self.target(t["next_obs"])
+            targets = double_q_targets(t["nstep_return"], t["discount"],
+                                       next_q_online if c.double else next_q_target, next_q_target, c.double)
+        q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
+        loss, td = td_loss(q_taken, targets, torch.from_numpy(weights))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        if c.prioritized:
+            self.replay.update_priorities(idx, td.abs().numpy())
+        self.updates += 1
+        self._update_target()
+        return {"loss": float(loss), "q_mean": float(q_taken.mean()), "td_abs": float(td.abs().mean()),
+                "grad_norm": float(grad_norm), "beta": self._beta(), "replay_size": float(len(self.replay))}
+
+    def _update_target(self) -> None:
+        c = self.cfg
+        if c.target_tau < 1.0:
+            with torch.no_grad():
+                for target, online in zip(self.target.parameters(), self.net.parameters()):
+                    target.lerp_(online, c.target_tau)
+        elif self.updates % c.target_update_interval == 0:
+            self.target.load_state_dict(self.net.state_dict())
+
+    def weights(self) -> Arrays:
+        return module_weights(self.net)
+
+    def state_dict(self) -> dict[str, Any]:
+        # the replay buffer is not checkpointed: it refills from actors in seconds and can be huge
+        return {"net": self.net.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])

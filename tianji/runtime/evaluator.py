@@ -1,0 +1,55 @@
+"""Evaluator: greedy episodes on the newest weights, in its own role (off the learner's path).
+
+    evaluator = build_evaluator(cfg)
+    evaluator.set_weights(version, weights)
+    event = evaluator.evaluate()   # {"kind": "eval", "return_mean": ..., "version": ...}
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from tianji.algos.base import ActorPolicy
+
+MAX_EVAL_STEPS = 100_000  # guard for envs without a time limit
+
+
+class Evaluator:
+    def __init__(self, envs: Any, policy: ActorPolicy, seed: int):
+        self.envs = envs
+        self.policy = policy
+        self.seed = seed
+        self.version = -1
+        self.evaluated_version = -1
+        self.busy_s = 0.0
+
+    def set_weights(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        if version > self.version:
+            self.policy.load_weights(weights)
+            self.version = version
+
+    def has_new_weights(self) -> bool:
+        return self.version > self.evaluated_version
+
+    def evaluate(self) -> dict[str, Any]:
+        """One episode per env of the vector env, each counted until its first end."""
+        start = time.perf_counter()
+        n = self.envs.num_envs
+        obs, _ = self.envs.reset(seed=self.seed + max(self.version, 0))
+        returns = np.zeros(n)
+        lengths = np.zeros(n, dtype=np.int64)
+        running = np.ones(n, dtype=bool)
+        for _ in range(MAX_EVAL_STEPS):
+            obs, reward, terminated, truncated, _ = self.envs.step(self.policy.greedy(obs))
+            returns += np.where(running, reward, 0.0)
+            lengths += running
+            running &= ~(terminated | truncated)
+            if not running.any():
+                break
+        self.evaluated_version = self.version
+        self.busy_s += time.perf_counter() - start
+        return {"kind": "eval", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+                "length_mean": float(lengths.mean()), "version": self.version, "episodes": n}
