@@ -142,3 +142,21 @@ def test_inline_runs_repeat_exactly_with_the_same_seed(tiny_config, tmp_path):
     a = load_learner(first_dir / "checkpoints")["algo"]["net"]
     b = load_learner(second_dir / "checkpoints")["algo"]["net"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("launcher", ["inline", "local"])
+def test_short_dqn_run_with_evaluation_and_rate_limiter(launcher, tmp_path):
+    from tianji.config import load_config
+
+    cfg = load_config("cartpole-apex", [
+        f"logging.run_root={tmp_path}", "logging.console=false", "logging.interval_s=0.2",
+        "stop.target_return=null", "stop.max_env_steps=4000", "eval.interval_s=0.2", "eval.episodes=4",
+        "algo.learning_starts=500", "algo.batch_size=32", "balance.replay_ratio=2",
+    ])
+    run_dir, summary = train(cfg, launcher)
+    summary = check_run_dir(run_dir, 4000)
+    assert summary["eval_rounds"] >= 1 and summary["final_eval_return_mean"] is not None
+    assert summary["target_metric"].startswith("eval/")
+    assert 2 * 0.9 * 0.9 <= summary["replay_ratio"] <= 2 * 1.1 * 1.1
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert any(r["eval/return_mean"] not in ("", "nan") for r in rows)

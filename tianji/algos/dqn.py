@@ -239,7 +239,7 @@ class DQNLearner:
             self.replay.update_priorities(idx, td.abs().numpy())
         self.updates += 1
         self._update_target()
-        return {"loss": float(loss), "q_mean": float(q_taken.mean()), "td_abs": float(td.abs().mean()),
+        return {"loss": loss.item(), "q_mean": q_taken.mean().item(), "td_abs": float(td.abs().mean()),
                 "grad_norm": float(grad_norm), "beta": self._beta(), "replay_size": float(len(self.replay))}
 
     def _update_target(self) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import secrets
+import time
 
 import numpy as np
 import zmq
 
+from tianji.config import BalanceConfig
 from tianji.runtime.local import Endpoints, learner_main
 from tianji.runtime.run import RunContext
 from tianji.shm import SlotWriter, pool_path, remove_pools
@@ -23,7 +25,7 @@ def recv_until(sock, predicate, timeout_ms=20_000):
 
 
 def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp_path):
-    cfg = tiny_config()
+    cfg = tiny_config().model_copy(update={"balance": BalanceConfig(max_policy_lag=1)})
     run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
     token = secrets.token_hex(4)
     endpoints = Endpoints.ipc(token)
@@ -64,8 +66,18 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         link.send(pack_header(header))
         assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
 
-        seen = {"bad_messages": 0, "updates": 0}
-        while not (seen["bad_messages"] >= 3 and seen["updates"] >= 1):
+        # after two updates, a fragment from version 0 is over max_policy_lag=1: dropped, credit returned
+        header = writer.write(1, arrays)
+        header.update(kind="fragment", actor=0, seq=2, version=1, env_steps=T * k)
+        link.send(pack_header(header))
+        assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
+        time.sleep(0.5)
+        header.update(seq=3, version=0)
+        link.send(pack_header(header))
+        assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
+
+        seen = {"bad_messages": 0, "updates": 0, "dropped": 0}
+        while not (seen["bad_messages"] >= 3 and seen["updates"] >= 2 and seen["dropped"] >= 1):
             assert events.poll(20_000), f"learner events stopped: {seen}"
             event = unpack_header(events.recv())
             for key in seen:
@@ -91,3 +103,61 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         ctx.destroy(linger=0)
         for path in endpoints.ipc_paths():
             path.unlink(missing_ok=True)
+
+
+def test_actor_never_exceeds_its_credits(tiny_config, tmp_path):
+    """A fake learner that withholds credits gets exactly max_inflight fragments, then one per credit."""
+    from tianji.runtime.local import actor_main
+    from tianji.wire import encode
+
+    cfg = tiny_config()
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    token = secrets.token_hex(4)
+    endpoints = Endpoints.ipc(token)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoints.fragments)
+    publisher = ctx.socket(zmq.PUB)
+    publisher.bind(endpoints.weights)
+    events = ctx.socket(zmq.PULL)
+    events.bind(endpoints.events)
+    control = ctx.socket(zmq.PUB)
+    control.bind(endpoints.control)
+    process = multiprocessing.get_context("fork").Process(target=actor_main, args=(run, endpoints, token, 0))
+    process.start()
+    try:
+        from tianji.runtime.build import build_learner
+
+        weights = build_learner(cfg).weights()
+        identity, hello = router.recv_multipart()
+        assert unpack_header(hello)["kind"] == "hello"
+        router.send_multipart([identity, *encode({"kind": "weights", "version": 0}, weights)])
+
+        def notices_within(seconds):
+            got = []
+            deadline = time.time() + seconds
+            while time.time() < deadline:
+                if router.poll(50):
+                    got.append(unpack_header(router.recv_multipart()[1]))
+            return got
+
+        first = notices_within(3.0)
+        assert len(first) == cfg.balance.max_inflight
+        assert sorted(h["slot"] for h in first) == list(range(cfg.balance.max_inflight))
+        assert [h["seq"] for h in first] == list(range(cfg.balance.max_inflight))
+        router.send_multipart([identity, pack_header({"kind": "credit", "slot": first[0]["slot"]})])
+        more = notices_within(2.0)
+        assert len(more) == 1 and more[0]["slot"] == first[0]["slot"]
+    finally:
+        for _ in range(20):
+            control.send(pack_header({"kind": "stop"}))
+            process.join(0.1)
+            if not process.is_alive():
+                break
+        if process.is_alive():
+            process.kill()
+        remove_pools(token)
+        ctx.destroy(linger=0)
+        for path in endpoints.ipc_paths():
+            path.unlink(missing_ok=True)
+    assert process.exitcode == 0
