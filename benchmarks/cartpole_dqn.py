@@ -113,6 +113,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ours = [run_tianji(seed, args.preset, args.overrides, Path(tmp)) for seed in range(args.seeds)]
     ours_median = report(f"TianJi {args.preset}", ours)
+    if args.sb3_seeds == 0:
+        return
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:

@@ -122,3 +122,12 @@ def test_on_policy_learner_holds_one_batch_so_credits_stay_back():
     assert not learner.wants_data() and learner.ready()
     learner.update()
     assert learner.wants_data()
+
+
+def test_without_backpressure_the_learner_takes_every_fragment():
+    learner = Learner(FakeAlgoLearner(batch_fragments=1), max_policy_lag=100, backpressure=False,
+                      limiter=RateLimiter(target=1.0, tolerance=0.0))
+    for _ in range(5):
+        assert learner.wants_data()
+        learner.consume(fragment(0))
+    assert len(learner.algo.pending) == 5 and learner.ready()

@@ -38,8 +38,34 @@ def _parser() -> argparse.ArgumentParser:
                        help="local: one process per role (default); inline: all roles in this process")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
 
+    plan = sub.add_parser("plan", help="measure actor and learner rates and choose a layout (actors, envs per actor)")
+    plan.add_argument("config", help="preset name or path to a YAML config")
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                      help="override one config field (repeatable)")
+    plan.add_argument("--cores", type=int, default=None, help="plan for a machine with this many cores "
+                      "(default: the cores available here)")
+
     sub.add_parser("presets", help="list the bundled presets")
     return parser
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from tianji.plan import available_cores, calibrate, choose, format_table, layout_space, mark, predict
+
+    cfg = load_config(args.config, args.overrides)
+    cores = args.cores or available_cores()
+    if cores < 1:
+        raise ConfigError("--cores: expected a positive number of cores")
+    space = layout_space(cfg, cores, plan_envs=True, plan_actors=True)
+    print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, then one learner",
+          flush=True)
+    cal = calibrate(cfg, space)
+    layouts = predict(cal, cfg, space, cores)
+    chosen = choose(layouts, space.preferred_envs)
+    print(format_table(cal, mark(layouts, chosen), cores))
+    print(f"chosen: --set topology.actors={chosen.actors} --set topology.envs_per_actor={chosen.envs_per_actor} "
+          f"--set topology.fragment_length={chosen.fragment_length}   (or topology.actors: auto in the config)")
+    return 0
 
 
 def _resolve_config(args: argparse.Namespace):
@@ -89,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return _train(args)
+        return _plan(args) if args.command == "plan" else _train(args)
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -75,8 +75,12 @@ AlgoConfig = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):
-    actors: int = Field(1, ge=1, description="Actor processes (each runs a vector of envs and its own policy inference).")
-    envs_per_actor: int = Field(16, ge=1, description="Environments stepped together by one actor.")
+    actors: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="Actor processes (each runs a vector of envs and its own policy inference); "
+        "auto: chosen by measurement at start-up (see `tianji plan`).")
+    envs_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        16, description="Environments stepped together by one actor; auto: chosen by measurement, keeping "
+        "envs_per_actor x fragment_length as configured (16 x fragment_length for auto).")
     fragment_length: int = Field(32, ge=1, description="Steps per env in one fragment pushed to the learner.")
     actor_threads: int = Field(1, ge=1, description="torch threads per actor process.")
     learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
@@ -85,6 +89,9 @@ class TopologyConfig(_Section):
 class BalanceConfig(_Section):
     max_policy_lag: int = Field(8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted).")
     max_inflight: int = Field(2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits).")
+    backpressure: bool = Field(
+        True, description="Learner takes a fragment only when its buffer has room (on-policy) or the rate limiter "
+        "allows (off-policy); false: it takes every fragment at once and queues it (the ablation 'balance off').")
     publish_every: int = Field(1, ge=1, description="Publish weights to actors every N learner updates.")
     replay_ratio: float | None = Field(
         None, gt=0, description="Off-policy: samples trained per env step inserted, held by a rate limiter "
@@ -237,22 +244,23 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
     """(key.path, default, description) for every leaf field; this is the CLI help."""
     rows: list[tuple[str, str, str]] = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        sub = _section_type(annotation)
-        if sub is not None:
-            rows.extend(describe_fields(sub, f"{prefix}{name}."))
-            continue
-        default = field.get_default(call_default_factory=True)
-        rows.append((f"{prefix}{name}", repr(default), field.description or ""))
+        sections = _section_types(field.annotation)
+        for section in sections:
+            tag = section.model_fields.get("name")
+            sub_rows = describe_fields(section, f"{prefix}{name}.")
+            if len(sections) > 1 and tag is not None:  # algorithm sections: say which algorithm a field is for
+                sub_rows = [(k, d, f"[{tag.default}] {doc}") for k, d, doc in sub_rows]
+            rows.extend(sub_rows)
+        if not sections:
+            default = field.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", repr(default), field.description or ""))
     return rows
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
+def _section_types(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    args = getattr(annotation, "__args__", None) or ()
-    for arg in args:  # Annotated[Union[...]] of algorithm configs
-        found = _section_type(arg)
-        if found is not None:
-            return found
-    return None
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in getattr(annotation, "__args__", None) or ():  # Annotated[Union[...]] of algorithm configs
+        found.extend(t for t in _section_types(arg) if t not in found)
+    return found

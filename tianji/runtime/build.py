@@ -37,7 +37,7 @@ def build_learner(cfg: Config, checkpoint_dir: Path | None = None) -> Learner:
     obs_space, act_space = env_spaces(cfg.env)
     limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
     algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space)
-    learner = Learner(algo, cfg.balance.max_policy_lag, limiter)
+    learner = Learner(algo, cfg.balance.max_policy_lag, limiter, cfg.balance.backpressure)
     state = load_learner(checkpoint_dir) if checkpoint_dir is not None else None
     if state is not None:
         learner.load_state_dict(state)

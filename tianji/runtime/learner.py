@@ -21,8 +21,10 @@ from tianji.runtime.balance import LagStats, RateLimiter
 
 
 class Learner:
-    def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None):
+    def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None,
+                 backpressure: bool = True):
         self.algo = algo
+        self.backpressure = backpressure
         self.version = 0
         self.lag = LagStats(max_policy_lag)
         self.limiter = limiter or RateLimiter(target=None, tolerance=0.0)
@@ -46,12 +48,16 @@ class Learner:
 
     def wants_data(self) -> bool:
         """Take another fragment now? (The buffer has room and the rate limiter lets actors go on.)"""
+        if not self.backpressure:
+            return True
         if not self.algo.wants_data():
             return False
         return not self.algo.ready() or self.limiter.can_insert()
 
     def ready(self) -> bool:
         """Train now? (Enough data, and the rate limiter lets the learner go on.)"""
+        if not self.backpressure:
+            return self.algo.ready()
         return self.algo.ready() and self.limiter.can_sample(self.algo.samples_per_update())
 
     def update(self) -> dict[str, float]:

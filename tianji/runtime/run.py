@@ -14,6 +14,7 @@ from tianji import __version__
 from tianji.checkpoint import load_driver, save_driver
 from tianji.config import Config, build_config, to_yaml
 from tianji.envs import check_env_id
+from tianji.plan import needs_plan, resolve_layout
 
 LAUNCHERS = ("local", "inline")
 
@@ -80,6 +81,14 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher: expected one of {LAUNCHERS}, got {launcher!r}")
     check_env_id(cfg.env.id)
+    plan_record = None
+    if needs_plan(cfg):  # `auto` layout: measured (or cached for this machine and config) before anything starts
+        cfg, plan_record = resolve_layout(cfg)
+        chosen = plan_record["chosen"]
+        if cfg.logging.console:
+            print(f"planned layout: {chosen['actors']} actors x {chosen['envs_per_actor']} envs "
+                  f"({'cached' if plan_record['cached'] else 'measured'}; "
+                  f"predicted {chosen['env_steps_per_s']:,.0f} env steps/s)", flush=True)
     if resume is not None:
         path = Path(resume)
         run = RunContext(cfg, path, t0, resumed=True)
@@ -90,6 +99,8 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
         run = RunContext(cfg, path, t0, resumed=False)
         resumed_state = None
     _write_meta(run, launcher)
+    if plan_record is not None:
+        (path / "plan.json").write_text(json.dumps(plan_record, indent=2))
     monitor = Monitor(cfg, path, t0, resumed_state)
     if cfg.logging.console:
         print(f"run directory: {path}", flush=True)

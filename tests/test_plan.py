@@ -1,0 +1,97 @@
+"""Layout planning from synthetic rates, the layout space, the calibration cache, and `actors: auto`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tianji import plan
+from tianji.config import load_config
+from tianji.plan import Calibration, Space, choose, layout_space, predict
+
+
+def config(**topology):
+    return load_config("cartpole-ppo", [f"topology.{k}={v}" for k, v in topology.items()])
+
+
+def synthetic(actor_rates, learner_rate, fragment_steps=1024, steps_per_update=1024):
+    return Calibration(actor_rates, learner_rate, steps_per_update, fragment_steps, seconds=0.0)
+
+
+def test_throughput_model_bounds_by_actors_learner_and_cpu():
+    cal = synthetic({8: 10_000.0}, learner_rate=30_000.0)
+    space = Space(envs=[8], actors=[1, 2, 4, 8], fragment_steps=1024, preferred_envs=8)
+    rows = {l.actors: l for l in predict(cal, config(), space, cores=4)}
+    assert rows[1].env_steps_per_s == pytest.approx(10_000)  # actor-bound
+    assert rows[1].idle_side == "learner"
+    assert rows[2].env_steps_per_s == pytest.approx(20_000)
+    cpu_bound = 4 / (1 / 10_000 + 1 / 30_000)  # 30,000: learner and CPU bound coincide
+    assert rows[4].env_steps_per_s == pytest.approx(min(40_000, 30_000, cpu_bound))
+    assert rows[8].idle_side == "actors"
+    assert rows[8].predicted_lag > rows[4].predicted_lag  # more producers, more versions per fragment
+
+
+def test_cpu_bound_applies_on_a_small_machine():
+    cal = synthetic({8: 10_000.0}, learner_rate=10_000.0)
+    space = Space(envs=[8], actors=[1, 2, 3], fragment_steps=1024, preferred_envs=8)
+    rows = {l.actors: l for l in predict(cal, config(), space, cores=1)}
+    assert rows[3].env_steps_per_s == pytest.approx(1 / (1 / 10_000 + 1 / 10_000))  # one core shared
+
+
+def test_choice_prefers_throughput_then_lag_then_fewer_actors():
+    cal = synthetic({8: 10_000.0, 32: 40_000.0}, learner_rate=30_000.0)
+    space = Space(envs=[8, 32], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=8)
+    chosen = choose(predict(cal, config(), space, cores=8), space.preferred_envs)
+    assert (chosen.actors, chosen.envs_per_actor) == (1, 32)  # one fast actor saturates the learner
+    assert chosen.chosen and chosen.fragment_length == 32
+
+    cal = synthetic({8: 10_000.0}, learner_rate=100_000.0)
+    space = Space(envs=[8], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=8)
+    assert choose(predict(cal, config(), space, cores=8), 8).actors == 4  # learner-rich: as many actors as fit
+
+
+def test_layout_space_respects_cores_and_fixed_values():
+    space = layout_space(config(), cores=2, plan_envs=True, plan_actors=True)
+    assert max(space.actors) <= 4 and 1 in space.actors
+    assert space.fragment_steps == 32 * 64 and 32 in space.envs and all(k <= 2048 for k in space.envs)
+    fixed = layout_space(config(actors=3), cores=2, plan_envs=False, plan_actors=False)
+    assert fixed.actors == [3] and fixed.envs == [32]
+
+
+def test_calibration_is_cached_per_machine_and_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIANJI_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_calibrate(cfg, space):
+        calls.append(space)
+        return synthetic({k: 50_000.0 for k in space.envs}, 20_000.0, space.fragment_steps, space.fragment_steps)
+
+    monkeypatch.setattr(plan, "_calibrate_in_child", fake_calibrate)
+    cfg = config(actors="auto")
+    resolved, record = plan.resolve_layout(cfg, cores=2)
+    assert not record["cached"] and len(calls) == 1
+    assert resolved.topology.actors == 1 and resolved.topology.envs_per_actor == 32
+    _, again = plan.resolve_layout(cfg, cores=2)
+    assert again["cached"] and len(calls) == 1
+    other = config(actors="auto", fragment_length=32)
+    plan.resolve_layout(other, cores=2)
+    assert len(calls) == 2, "a different fragment size is calibrated anew"
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 2
+    json.loads(next((tmp_path / "plans").glob("*.json")).read_text())
+
+
+def test_actors_auto_runs_the_plan_at_start_up(tmp_path, monkeypatch, tiny_config):
+    from tianji.runtime.run import train
+
+    monkeypatch.setenv("TIANJI_CACHE_DIR", str(tmp_path / "cache"))
+    raw = tiny_config().model_dump(mode="json")
+    raw["topology"]["actors"] = "auto"
+    cfg = load_config("cartpole-ppo", [])
+    cfg = cfg.model_validate(raw)
+    run_dir, summary = train(cfg, "inline", run_dir=str(tmp_path / "run"))
+    saved = (run_dir / "config.yaml").read_text()
+    assert "actors: auto" not in saved and "actors:" in saved
+    record = json.loads((run_dir / "plan.json").read_text())
+    assert record["chosen"]["actors"] >= 1 and not record["cached"]
+    assert summary["env_steps"] >= 2048

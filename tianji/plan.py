@@ -1,0 +1,274 @@
+"""Resource mapping by measurement: calibrate one actor and one learner, predict layouts, pick one.
+
+    calibration = calibrate(cfg)                  # ~10-20 s: one actor per envs-per-actor value, one learner
+    layouts = predict(calibration, cfg, cores=2)  # every candidate (actors, envs per actor)
+    chosen = choose(layouts)
+
+The model: an actor on one core produces P(k) env steps/s with k envs; a learner on one core
+consumes C env steps/s (its samples per update divided by the replay ratio, over the update time).
+With A actors on c cores the throughput X is bounded by the actors (X <= A * P), by the learner
+(X <= C) and by the CPU (X * (1/P + 1/C) <= c). The side with the lower utilisation idles.
+Changing envs per actor keeps the fragment size (envs x steps) as configured, so the batch an
+algorithm trains on does not change with the layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tianji.config import Config, build_config
+
+ENV_CHOICES = (4, 8, 16, 32, 64, 128)
+MAX_ACTORS = 16
+TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
+
+
+@dataclass(frozen=True)
+class Calibration:
+    actor_rates: dict[int, float]  # envs per actor -> env steps/s of one actor on one core
+    learner_rate: float  # env steps/s one learner consumes on one core
+    steps_per_update: float  # env steps consumed per learner update
+    fragment_steps: int  # envs x steps per fragment (kept for every layout)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    actors: int
+    envs_per_actor: int
+    fragment_length: int
+    env_steps_per_s: float
+    actor_utilization: float
+    learner_utilization: float
+    predicted_lag: float
+    idle_side: str
+    chosen: bool = False
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Space:
+    """The layouts to consider: envs-per-actor values, actor counts, and the fragment size kept for all."""
+
+    envs: list[int]
+    actors: list[int]
+    fragment_steps: int
+    preferred_envs: int
+
+
+def layout_space(cfg: Config, cores: int, plan_envs: bool, plan_actors: bool) -> Space:
+    t = cfg.topology
+    k0 = t.envs_per_actor if isinstance(t.envs_per_actor, int) else 16
+    steps = k0 * t.fragment_length
+    envs = [k for k in ENV_CHOICES if k <= steps] or [k0] if plan_envs else [k0]
+    limit = min(MAX_ACTORS, 2 * cores)
+    actors = sorted({a for a in (1, 2, 3, 4, 6, 8, 12, 16) if a <= limit} | {max(1, cores - 1)}) if plan_actors \
+        else [int(t.actors) if t.actors != "auto" else 1]
+    return Space(envs, actors, steps, k0)
+
+
+def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int) -> Config:
+    raw = cfg.model_dump(mode="json")
+    raw["topology"].update(actors=actors, envs_per_actor=envs, fragment_length=max(1, fragment_steps // envs))
+    return build_config(raw)
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5) -> Calibration:
+    """Measure one actor per envs-per-actor value and one learner, each on one core, in this process."""
+    import torch
+
+    from tianji.runtime.build import build_actor, build_learner
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    rates = {}
+    for k in space.envs:
+        actor = build_actor(with_layout(cfg, 1, k, space.fragment_steps), 0)
+        actor.collect()  # warm-up: allocation, first inference
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds_per_actor:
+            steps += actor.collect().env_steps
+        rates[k] = steps / (time.perf_counter() - t0)
+        actor.envs.close()
+    layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
+    learner_rate, steps_per_update = _learner_rate(layout, build_actor, build_learner, learner_seconds)
+    return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started)
+
+
+def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) -> tuple[float, float]:
+    """Env steps/s one learner consumes, fed as fast as its balance rules allow."""
+    actor = build_actor(layout, 0)
+    fragments = [actor.collect() for _ in range(4)]
+    actor.envs.close()
+    learner = build_learner(layout)
+    fed = 0
+
+    def feed_or_train() -> None:
+        nonlocal fed
+        if learner.wants_data():
+            fragment = fragments[fed % len(fragments)]
+            fragment.policy_version = learner.version  # calibration data is never stale
+            learner.consume(fragment)
+            fed += 1
+        if learner.ready():
+            learner.update()
+
+    deadline = time.perf_counter() + 30
+    while learner.updates < 2:  # warm-up (replay fill, first updates) is not timed
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the learner did not become ready within 30 s of calibration data")
+        feed_or_train()
+    fed_before, updates_before, t0 = fed, learner.updates, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        feed_or_train()
+    steps = (fed - fed_before) * fragments[0].env_steps
+    return steps / (time.perf_counter() - t0), steps / max(1, learner.updates - updates_before)
+
+
+# ---------------------------------------------------------------- prediction
+
+
+def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Layout]:
+    layouts = []
+    for k in space.envs:
+        rate = cal.actor_rates[k]
+        for a in space.actors:
+            cpu_bound = cores / (1.0 / rate + 1.0 / cal.learner_rate)
+            x = min(a * rate, cal.learner_rate, cpu_bound)
+            actor_util, learner_util = x / (a * rate), x / cal.learner_rate
+            # versions the learner advances while a fragment is produced, times the queue when actors wait
+            queue = cfg.balance.max_inflight if actor_util < learner_util else 1
+            lag = a * cal.fragment_steps / cal.steps_per_update * queue
+            idle = ("actors" if actor_util < learner_util - 0.02 else
+                    "learner" if learner_util < actor_util - 0.02 else "neither")
+            layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util, lag, idle))
+    return layouts
+
+
+def choose(layouts: list[Layout], preferred_envs: int) -> Layout:
+    """Highest predicted throughput; near-ties go to lower lag, fewer processes, then the configured envs."""
+    best = max(l.env_steps_per_s for l in layouts)
+    fast = [l for l in layouts if l.env_steps_per_s >= (1 - TIE) * best]
+    pick = min(fast, key=lambda l: (round(l.predicted_lag, 6), l.actors,
+                                    abs(math.log2(l.envs_per_actor / preferred_envs))))
+    return Layout(**{**asdict(pick), "chosen": True})
+
+
+def mark(layouts: list[Layout], chosen: Layout) -> list[Layout]:
+    return [chosen if (l.actors, l.envs_per_actor) == (chosen.actors, chosen.envs_per_actor) else l for l in layouts]
+
+
+# ---------------------------------------------------------------- cache and start-up resolution
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TIANJI_CACHE_DIR", Path.home() / ".cache" / "tianji")) / "plans"
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"node": platform.node(), "cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version()}
+
+
+def cache_key(cfg: Config, space: Space) -> str:
+    """Same machine, same things that set the rates (env, algorithm, balance) and same layout space."""
+    raw = cfg.model_dump(mode="json")
+    relevant = {k: raw[k] for k in ("env", "algo", "balance", "seed")}
+    relevant["space"] = asdict(space)
+    blob = json.dumps({"machine": _machine(), "config": relevant}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_or_calibrate(cfg: Config, space: Space, use_cache: bool = True) -> tuple[Calibration, bool]:
+    """A cached calibration for this machine and config, or a fresh one (measured in a child process)."""
+    path = _cache_dir() / f"{cache_key(cfg, space)}.json"
+    if use_cache and path.is_file():
+        try:
+            raw = json.loads(path.read_text())
+            raw["actor_rates"] = {int(k): v for k, v in raw["actor_rates"].items()}
+            return Calibration(**raw), True
+        except (ValueError, TypeError, KeyError):
+            pass  # unreadable cache: measure again
+    cal = _calibrate_in_child(cfg, space)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(cal)))
+    os.replace(tmp, path)
+    return cal, False
+
+
+def _calibrate_child(cfg_json: str, space: Space, conn) -> None:
+    try:
+        conn.send(("ok", json.dumps(asdict(calibrate(build_config(json.loads(cfg_json)), space)))))
+    except Exception as exc:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def _calibrate_in_child(cfg: Config, space: Space) -> Calibration:
+    # in a child so the caller (a driver about to fork roles) never starts torch thread pools itself
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child))
+    process.start()
+    child.close()
+    status, payload = parent.recv()
+    process.join()
+    if status != "ok":
+        raise RuntimeError(f"calibration failed: {payload}")
+    raw = json.loads(payload)
+    raw["actor_rates"] = {int(k): v for k, v in raw["actor_rates"].items()}
+    return Calibration(**raw)
+
+
+def needs_plan(cfg: Config) -> bool:
+    return cfg.topology.actors == "auto" or cfg.topology.envs_per_actor == "auto"
+
+
+def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[str, Any]]:
+    """Replace `auto` in the topology by the planned layout; returns the config and the plan record."""
+    cores = cores or available_cores()
+    space = layout_space(cfg, cores, plan_envs=cfg.topology.envs_per_actor == "auto",
+                         plan_actors=cfg.topology.actors == "auto")
+    cal, cached = load_or_calibrate(cfg, space)
+    chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs)
+    record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen)}
+    return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps), record
+
+
+def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
+    lines = [f"calibration ({cal.seconds:.1f} s, one core each): learner consumes {cal.learner_rate:,.0f} env steps/s "
+             f"({cal.steps_per_update:,.0f} per update)"]
+    lines.append("  actor env steps/s by envs per actor: "
+                 + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
+    lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
+    lines.append(f"  {'':2}{'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
+                 f"{'learner util':>12} {'pred lag':>8}  idle")
+    for l in sorted(layouts, key=lambda l: (l.envs_per_actor, l.actors)):  # noqa: E741
+        lines.append(f"  {'*' if l.chosen else ' ':2}{l.actors:>6} {l.envs_per_actor:>5} {l.fragment_length:>5} "
+                     f"{l.env_steps_per_s:>13,.0f} {l.actor_utilization:>10.0%} {l.learner_utilization:>12.0%} "
+                     f"{l.predicted_lag:>8.1f}  {l.idle_side}")
+    return "\n".join(lines)
