@@ -22,6 +22,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from common import run_tianji
+
 TARGET = 475.0
 
 SB3_SCRIPT = textwrap.dedent('''
@@ -69,14 +71,8 @@ SB3_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run_tianji(seed: int, preset: str, overrides: list[str], root: Path) -> dict:
-    run_dir = root / f"{preset}-seed{seed}"
-    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
-               "--set", f"seed={seed}", "--set", "logging.console=false"]
-    for item in overrides:
-        command += ["--set", item]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    s = json.loads((run_dir / "summary.json").read_text())
+def run_ours(seed: int, preset: str, overrides: list[str], root: Path) -> dict:
+    s = run_tianji(preset, root / f"{preset}-seed{seed}", seed, overrides)
     return {"reached": s["target_reached"], "time_s": s["time_to_target_s"], "env_steps": s["env_steps_to_target"]}
 
 
@@ -111,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        ours = [run_tianji(seed, args.preset, args.overrides, Path(tmp)) for seed in range(args.seeds)]
+        ours = [run_ours(seed, args.preset, args.overrides, Path(tmp)) for seed in range(args.seeds)]
     ours_median = report(f"TianJi {args.preset}", ours)
     if args.sb3_seeds == 0:
         return

@@ -10,22 +10,15 @@ process start-up included).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from common import run_tianji
+
 
 def run_seed(seed: int, overrides: list[str], preset: str, root: Path) -> dict:
-    run_dir = root / f"seed{seed}"
-    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
-               "--set", f"seed={seed}", "--set", "logging.console=false"]
-    for item in overrides:
-        command += ["--set", item]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return json.loads((run_dir / "summary.json").read_text())
+    return run_tianji(preset, root / f"seed{seed}", seed, overrides)
 
 
 def main() -> None:

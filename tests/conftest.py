@@ -58,6 +58,9 @@ class FakePolicy:
         actions = (obs[:, 0].astype(np.int64) % 2)
         return actions, {"action": actions, "w_used": np.full(len(obs), self.w[0], np.float32)}
 
+    def greedy(self, obs):
+        return np.zeros(len(obs), np.int64)
+
     def finish_fragment(self, fragment, last_obs):
         return {"last_t": last_obs[:, 0].copy()}
 

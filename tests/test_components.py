@@ -74,3 +74,18 @@ def test_learner_drops_fragments_over_the_lag_bound_and_counts_them():
     assert learner.lag.dropped == 1
     assert learner.lag.histogram[3] == 1
     assert learner.lag.summary()["policy_lag_max"] == 3
+
+
+def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
+    from tianji.runtime.evaluator import Evaluator
+
+    evaluator = Evaluator(FakeVectorEnv(num_envs=3, episode_length=4), FakePolicy(), seed=0)
+    assert not evaluator.has_new_weights()
+    evaluator.set_weights(2, {"w": np.array([2.0], np.float32)})
+    assert evaluator.has_new_weights()
+    result = evaluator.evaluate()
+    assert result == {"kind": "eval", "return_mean": 4.0, "return_min": 4.0, "length_mean": 4.0, "version": 2,
+                      "episodes": 3}
+    assert not evaluator.has_new_weights()
+    evaluator.set_weights(1, {"w": np.array([1.0], np.float32)})  # older: ignored
+    assert evaluator.version == 2

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cores", type=int, default=None, help="plan for a machine with this many cores "
                       "(default: the cores available here)")
 
+    plot = sub.add_parser("plot", help="draw a run's learning curves into RUN_DIR/curve.png (needs matplotlib)")
+    plot.add_argument("run_dir", help="a run directory")
+
     sub.add_parser("presets", help="list the bundled presets")
     return parser
 
@@ -115,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        if args.command == "plot":
+            from tianji.plot import plot_run
+
+            print(plot_run(Path(args.run_dir)))
+            return 0
         return _plan(args) if args.command == "plan" else _train(args)
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -20,6 +20,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tianji.config import Config
 
 WINDOW = 100
@@ -142,13 +144,13 @@ class Monitor:
         counts = self._counts()
         delta = {k: counts.get(k, 0) - self._last_counts.get(k, 0) for k in counts}
         self._last_counts, self._last_row_time = counts, now
-        row = self._row(delta, max(dt, 1e-9))
+        lags, self._window_lags = self._window_lags, []
+        row = self._row(delta, max(dt, 1e-9), lags)
         self.last_row = row
-        self._writer.write(row)
+        self._writer.write(row, lags)
         self._console.show(row)
 
-    def _row(self, d: dict[str, float], dt: float) -> dict[str, float]:
-        lags, self._window_lags = self._window_lags, []
+    def _row(self, d: dict[str, float], dt: float, lags: list[int]) -> dict[str, float]:
         actors = self.cfg.topology.actors
         row: dict[str, float] = {
             "time_s": round(self.elapsed(), 3),
@@ -256,7 +258,7 @@ class _RowWriter:
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=5)
 
-    def write(self, row: dict[str, float]) -> None:
+    def write(self, row: dict[str, float], lags: list[int]) -> None:
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
         if self._csv is None:
@@ -273,6 +275,8 @@ class _RowWriter:
             for key, value in row.items():
                 if key not in ("env_steps",) and value == value:  # skip NaN
                     self._tb.add_scalar(key, value, step)
+            if lags:
+                self._tb.add_histogram("balance/policy_lag", np.asarray(lags), step)
 
     def close(self) -> None:
         self._jsonl.close()

@@ -195,7 +195,7 @@ def _machine() -> dict[str, Any]:
 def cache_key(cfg: Config, space: Space) -> str:
     """Same machine, same things that set the rates (env, algorithm, balance) and same layout space."""
     raw = cfg.model_dump(mode="json")
-    relevant = {k: raw[k] for k in ("env", "algo", "balance", "seed")}
+    relevant = {k: raw[k] for k in ("env", "algo", "balance")}
     relevant["space"] = asdict(space)
     blob = json.dumps({"machine": _machine(), "config": relevant}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

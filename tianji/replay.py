@@ -36,12 +36,9 @@ class SumTree:
         """Set leaves `idx` to `values` (last write wins for duplicates) and refresh their ancestors."""
         node = self.size + np.asarray(idx, dtype=np.int64)
         self.nodes[node] = values
-        node = np.unique(node >> 1)
-        while node[0] >= 1:
+        for _ in range(self.depth):  # duplicates write the same sum twice, which is cheaper than np.unique
+            node >>= 1
             self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
-            if node[0] == 1:
-                break
-            node = np.unique(node >> 1)
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """Leaf index whose cumulative-sum interval holds each prefix value (values in [0, total))."""

@@ -99,7 +99,7 @@ class QNetwork(nn.Module):
         n_actions = int(act_space.n)
         obs_dim = int(np.prod(obs_space.shape))
         self.dueling = dueling
-        self.trunk = nn.Sequential(mlp([obs_dim, *hidden]), nn.ReLU()) if hidden else nn.Identity()
+        self.trunk = nn.Sequential(mlp([obs_dim, *hidden], nn.ReLU), nn.ReLU()) if hidden else nn.Identity()
         width = hidden[-1] if hidden else obs_dim
         self.advantage = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1) if dueling else None
@@ -186,7 +186,7 @@ class DQNLearner:
         self.target = _make_net(cfg, obs_space, act_space)
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, fused=True)
         self.replay = PrioritizedReplay(cfg.buffer_capacity, {
             "obs": (obs_space.shape, obs_space.dtype),
             "next_obs": (obs_space.shape, obs_space.dtype),
@@ -233,7 +233,7 @@ class DQNLearner:
         loss, td = td_loss(q_taken, targets, torch.from_numpy(weights))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()
         if c.prioritized:
             self.replay.update_priorities(idx, td.abs().numpy())

@@ -181,7 +181,7 @@ class PPOLearner:
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
         self.cfg = cfg
         self.net = ActorCritic(obs_space, act_space, cfg.hidden)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.pending: list[Mapping[str, np.ndarray]] = []
         self._samples_per_fragment = 0
 

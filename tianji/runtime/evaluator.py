@@ -25,6 +25,7 @@ class Evaluator:
         self.version = -1
         self.evaluated_version = -1
         self.busy_s = 0.0
+        self.bad_messages = 0
 
     def set_weights(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
         if version > self.version:

@@ -96,8 +96,48 @@ def _stop_requested(control: zmq.Socket) -> bool:
     return stop
 
 
-def _report_crash(events: zmq.Socket, role: str) -> None:
-    events.send(pack_header({"kind": "error", "role": role, "message": traceback.format_exc()}))
+def _run_role(name: str, threads: int, endpoints: Endpoints,
+              loop: Callable[[zmq.Context, zmq.Socket], None]) -> None:
+    """Process body shared by every role: setup, the role's loop, a crash report to the driver."""
+    _init_role_process(threads)
+    ctx = zmq.Context()
+    events = _socket(ctx, zmq.PUSH, endpoints.events)
+    try:
+        loop(ctx, events)
+    except Exception:
+        events.send(pack_header({"kind": "error", "role": name, "message": traceback.format_exc()}))
+        raise
+    finally:
+        ctx.destroy(linger=1000)
+
+
+def _weights_client(ctx: zmq.Context, endpoints: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]:
+    """The sockets of a role that takes weights: DEALER to the learner, weights SUB, control SUB."""
+    link = _socket(ctx, zmq.DEALER, endpoints.fragments)
+    weights = _socket(ctx, zmq.SUB, endpoints.weights)
+    control = _socket(ctx, zmq.SUB, endpoints.control)
+    poller = zmq.Poller()
+    for sock in (link, weights, control):
+        poller.register(sock, zmq.POLLIN)
+    return link, weights, control, poller
+
+
+def _checked(frames: list[Any] | None, role: str, counter: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Decode a message from the learner; None (logged, counted on `counter.bad_messages`) when malformed."""
+    if frames is None:
+        return None
+    try:
+        header, arrays = decode(frames)
+        kind = header["kind"]
+        if kind == "credit" and not isinstance(header.get("slot"), int):
+            raise WireError("credit without an int 'slot'")
+        if kind == "weights" and not isinstance(header.get("version"), int):
+            raise WireError("weights without an int 'version'")
+        return header, arrays
+    except WireError as exc:
+        counter.bad_messages += 1
+        log.warning("%s rejected a message (%d so far): %s", role, counter.bad_messages, exc)
+        return None
 
 
 def _fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
@@ -111,46 +151,15 @@ def _fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fra
 # ---------------------------------------------------------------- actor process
 
 
-def _checked(frames: list[Any], reporter: ActorReporter) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Decode a learner message for an actor; None (logged, counted) when it is malformed."""
-    try:
-        header, arrays = decode(frames)
-        kind = header["kind"]
-        if kind == "credit" and not isinstance(header.get("slot"), int):
-            raise WireError("credit without an int 'slot'")
-        if kind == "weights" and not isinstance(header.get("version"), int):
-            raise WireError("weights without an int 'version'")
-        return header, arrays
-    except WireError as exc:
-        reporter.bad_messages += 1
-        log.warning("actor rejected a message (%d so far): %s", reporter.bad_messages, exc)
-        return None
-
-
 def actor_main(run: RunContext, endpoints: Endpoints, token: str, actor_id: int) -> None:
-    cfg = run.cfg
-    _init_role_process(cfg.topology.actor_threads)
-    ctx = zmq.Context()
-    events = _socket(ctx, zmq.PUSH, endpoints.events)
-    try:
-        _actor_loop(run, endpoints, token, actor_id, ctx, events)
-    except Exception:
-        _report_crash(events, f"actor{actor_id}")
-        raise
-    finally:
-        ctx.destroy(linger=1000)
+    _run_role(f"actor{actor_id}", run.cfg.topology.actor_threads, endpoints,
+              lambda ctx, events: _actor_loop(run, endpoints, token, actor_id, ctx, events))
 
 
 def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
                 ctx: zmq.Context, events: zmq.Socket) -> None:
     cfg = run.cfg
-    link = _socket(ctx, zmq.DEALER, endpoints.fragments)
-    weights = _socket(ctx, zmq.SUB, endpoints.weights)
-    control = _socket(ctx, zmq.SUB, endpoints.control)
-    poller = zmq.Poller()
-    for sock in (link, weights, control):
-        poller.register(sock, zmq.POLLIN)
-
+    link, weights, control, poller = _weights_client(ctx, endpoints)
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
     slots = SlotWriter(pool_path(token, f"actor{actor_id}"), cfg.balance.max_inflight)
@@ -169,7 +178,7 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
                 break
             if link in ready:
                 while link.poll(0):
-                    message = _checked(link.recv_multipart(copy=False), reporter)
+                    message = _checked(link.recv_multipart(copy=False), f"actor{actor_id}", reporter)
                     if message is None:
                         continue
                     header, arrays = message
@@ -182,7 +191,7 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
                 newest = None
                 while weights.poll(0):
                     newest = weights.recv_multipart(copy=False)
-                message = _checked(newest, reporter)
+                message = _checked(newest, f"actor{actor_id}", reporter)
                 if message is not None and have_weights and message[0]["version"] > actor.version:
                     actor.set_weights(message[0]["version"], message[1])
             if have_weights and free_slots:
@@ -205,26 +214,12 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
 
 
 def evaluator_main(run: RunContext, endpoints: Endpoints, token: str) -> None:
-    _init_role_process(1)
-    ctx = zmq.Context()
-    events = _socket(ctx, zmq.PUSH, endpoints.events)
-    try:
-        _evaluator_loop(run, endpoints, ctx, events)
-    except Exception:
-        _report_crash(events, "evaluator")
-        raise
-    finally:
-        ctx.destroy(linger=1000)
+    _run_role("evaluator", 1, endpoints, lambda ctx, events: _evaluator_loop(run, endpoints, ctx, events))
 
 
 def _evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket) -> None:
     """Greedy rounds on the newest weights, at most one per eval.interval_s, only when weights changed."""
-    link = _socket(ctx, zmq.DEALER, endpoints.fragments)
-    weights = _socket(ctx, zmq.SUB, endpoints.weights)
-    control = _socket(ctx, zmq.SUB, endpoints.control)
-    poller = zmq.Poller()
-    for sock in (link, weights, control):
-        poller.register(sock, zmq.POLLIN)
+    link, weights, control, poller = _weights_client(ctx, endpoints)
     evaluator = build_evaluator(run.cfg)
     link.send(pack_header({"kind": "hello", "role": "evaluator"}))
     last_round = last_event = 0.0
@@ -236,7 +231,7 @@ def _evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, eve
             newest = None
             while sock in ready and sock.poll(0):
                 newest = sock.recv_multipart(copy=False)
-            message = _checked_weights(newest)
+            message = _checked(newest, "evaluator", evaluator)
             if message is not None:
                 evaluator.set_weights(message[0]["version"], message[1])
         now = time.time()
@@ -249,33 +244,12 @@ def _evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, eve
     evaluator.envs.close()
 
 
-def _checked_weights(frames: list[Any] | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    if frames is None:
-        return None
-    try:
-        header, arrays = decode(frames)
-        if header["kind"] != "weights" or not isinstance(header.get("version"), int):
-            raise WireError("expected a weights message with an int 'version'")
-        return header, arrays
-    except WireError as exc:
-        log.warning("evaluator rejected a message: %s", exc)
-        return None
-
-
 # ---------------------------------------------------------------- learner process
 
 
 def learner_main(run: RunContext, endpoints: Endpoints, token: str) -> None:
-    _init_role_process(run.cfg.topology.learner_threads)
-    ctx = zmq.Context()
-    events = _socket(ctx, zmq.PUSH, endpoints.events)
-    try:
-        _learner_loop(run, endpoints, token, ctx, events)
-    except Exception:
-        _report_crash(events, "learner")
-        raise
-    finally:
-        ctx.destroy(linger=1000)
+    _run_role("learner", run.cfg.topology.learner_threads, endpoints,
+              lambda ctx, events: _learner_loop(run, endpoints, token, ctx, events))
 
 
 def _learner_loop(run: RunContext, endpoints: Endpoints, token: str, ctx: zmq.Context, events: zmq.Socket) -> None:
