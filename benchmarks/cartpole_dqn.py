@@ -5,9 +5,10 @@ hyperparameters side by side in the same run (when `stable-baselines3` is instal
     python benchmarks/cartpole_dqn.py [--seeds 5] [--preset cartpole-dqn] [--sb3-seeds 3] [--sb3-max-s 420]
 
 TianJi's time counts from its command's start (imports, process start-up and everything else
-included); its evaluation runs in its own role. SB3's time counts from its process start too, but
-the time SB3 spends in its own evaluation (20 greedy episodes every 2,000 env steps) is *not*
-counted, which favours SB3. Each run is a fresh process, one after the other.
+included); its evaluation runs in its own role, in parallel. SB3's time counts from its process
+start too and is reported twice: with the time SB3 spends in its own evaluation (20 greedy
+episodes every 2,000 env steps, serial), which is the issue's criterion (wall clock from command
+start), and without it, which favours SB3. Each run is a fresh process, one after the other.
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ SB3_SCRIPT = textwrap.dedent('''
                 mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=20, deterministic=True)
                 self.eval_s += time.time() - start
                 if mean >= target:
-                    self.result = {"reached": True, "time_s": time.time() - T0 - self.eval_s,
+                    self.result = {"reached": True, "time_s": time.time() - T0,
+                                   "time_without_eval_s": time.time() - T0 - self.eval_s,
                                    "env_steps": self.num_timesteps}
                     return False
-            if time.time() - T0 - self.eval_s > max_s:
-                self.result = {"reached": False, "time_s": None, "env_steps": self.num_timesteps}
+            if time.time() - T0 > max_s:
+                self.result = {"reached": False, "time_s": None, "time_without_eval_s": None,
+                               "env_steps": self.num_timesteps}
                 return False
             return True
 
@@ -82,19 +85,28 @@ def run_sb3(seed: int, max_s: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def report(name: str, rows: list[dict]) -> float | None:
+def report(name: str, rows: list[dict], key: str = "time_s") -> float | None:
     print(f"\n{name}")
     print(f"{'seed':>4} {'reached':>8} {'time_s':>8} {'env_steps':>10}")
     for seed, r in enumerate(rows):
-        t = "-" if r["time_s"] is None else f"{r['time_s']:.1f}"
+        t = "-" if r[key] is None else f"{r[key]:.1f}"
         print(f"{seed:>4} {str(r['reached']):>8} {t:>8} {str(r['env_steps']):>10}")
     reached = sum(r["reached"] for r in rows)
     # a seed that missed counts as +infinity, so the median is defined only when most seeds reached
-    times = sorted(r["time_s"] if r["reached"] else float("inf") for r in rows)
+    times = sorted(r[key] if r["reached"] else float("inf") for r in rows)
     median = statistics.median(times)
     print(f"reached {reached}/{len(rows)}; median time to target: "
           f"{'not reached' if median == float('inf') else f'{median:.1f} s'}")
     return None if median == float("inf") else median
+
+
+def speedup(label: str, ours: float | None, theirs: float | None, cap: float) -> None:
+    if ours is None:
+        print(f"{label}: TianJi's median did not reach the target")
+    elif theirs is None:
+        print(f"{label}: SB3's median did not reach the target within {cap:.0f} s: at least {cap / ours:.1f}x")
+    else:
+        print(f"{label}: {theirs / ours:.1f}x")
 
 
 def main() -> None:
@@ -117,13 +129,14 @@ def main() -> None:
         print("\nstable-baselines3 is not installed (pip install -e '.[bench]'): no side-by-side comparison")
         return
     theirs = [run_sb3(seed, args.sb3_max_s) for seed in range(args.sb3_seeds)]
-    sb3_median = report(f"Stable-Baselines3 DQN (rl-zoo hyperparameters, cap {args.sb3_max_s:.0f} s)", theirs)
-    if ours_median is not None:
-        if sb3_median is None:
-            print(f"\nspeed-up: SB3's median did not reach the target within {args.sb3_max_s:.0f} s; "
-                  f"so at least {args.sb3_max_s / ours_median:.1f}x")
-        else:
-            print(f"\nspeed-up (median SB3 / median TianJi): {sb3_median / ours_median:.1f}x")
+    cap = args.sb3_max_s
+    with_eval = report(f"Stable-Baselines3 DQN (rl-zoo hyperparameters, cap {cap:.0f} s), wall clock from "
+                       "command start", theirs)
+    without_eval = report("Stable-Baselines3 DQN, same runs, its evaluation time left out", theirs,
+                          key="time_without_eval_s")
+    print()
+    speedup("speed-up, median SB3 / median TianJi (both wall clock from command start)", ours_median, with_eval, cap)
+    speedup("speed-up, SB3's evaluation time left out", ours_median, without_eval, cap)
     print(f"benchmark wall time: {time.time() - started:.0f} s")
 
 
