@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import run_tianji
 
-CAP_S = {"ppo": 60, "dqn": 120}
+CAP_S = {"ppo": 60, "dqn": 60}
 PRESET = {"ppo": "cartpole-ppo", "dqn": "cartpole-dqn"}
 NO_BOUND = 1_000_000
 

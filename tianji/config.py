@@ -208,20 +208,29 @@ def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _format_validation_error(exc: ValidationError) -> str:
-    lines = []
+    messages: dict[str, list[str]] = {}
     for err in exc.errors():
         loc = list(err["loc"])
         if len(loc) > 2 and loc[0] == "algo":  # drop the discriminator tag pydantic inserts
             del loc[1]
-        path = ".".join(str(p) for p in loc)
+        # union members show up as tags such as "constrained-int" or "literal['auto']": not field names
+        path = ".".join(str(p) for p in loc if isinstance(p, int) or str(p).isidentifier())
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "value_error":  # our own cross-field checks name their fields
             msg = msg.removeprefix("Value error, ")
-        elif "input" in err and err["type"] != "missing":
-            msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"  {path}: {msg}" if path else f"  {msg}")
+        messages.setdefault(path, [])
+        if msg not in messages[path]:
+            messages[path].append(msg)
+        if "input" in err and err["type"] not in ("missing", "value_error", "extra_forbidden"):
+            got = f"(got {err['input']!r})"
+            messages[path] = [m for m in messages[path] if m != got] + [got]
+    lines = []
+    for path, msgs in messages.items():
+        got = [m for m in msgs if m.startswith("(got ")]
+        text = " or ".join(m for m in msgs if not m.startswith("(got ")) + (f" {got[0]}" if got else "")
+        lines.append(f"  {path}: {text}" if path else f"  {text}")
     return "invalid config:\n" + "\n".join(lines)
 
 
