@@ -47,7 +47,7 @@ def variants(algo: str, seed_for_random: int) -> list[tuple[str, list[str]]]:
         ]
     else:
         rows = [
-            ("balance on (preset, replay ratio 8)", []),
+            ("balance on (preset: replay-ratio limiter)", []),
             ("balance off (no rate limiter)", ["balance.replay_ratio=null", "balance.backpressure=false"]),
             ("planned layout (actors: auto)", ["topology.actors=auto"]),
         ]

@@ -124,10 +124,15 @@ def test_on_policy_learner_holds_one_batch_so_credits_stay_back():
     assert learner.wants_data()
 
 
-def test_without_backpressure_the_learner_takes_every_fragment():
+def test_without_backpressure_the_learner_queues_everything_and_lag_grows():
     learner = Learner(FakeAlgoLearner(batch_fragments=1), max_policy_lag=100, backpressure=False,
                       limiter=RateLimiter(target=1.0, tolerance=0.0))
     for _ in range(5):
         assert learner.wants_data()
         learner.consume(fragment(0))
-    assert len(learner.algo.pending) == 5 and learner.ready()
+    assert len(learner.backlog) == 5
+    while learner.ready():
+        learner.update()
+    assert learner.version == 5 and not learner.backlog
+    # lag is measured when a fragment leaves the backlog to be trained on: 0, 1, 2, 3, 4
+    assert learner.lag.take_window() == [0, 1, 2, 3, 4]

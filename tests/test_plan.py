@@ -95,3 +95,11 @@ def test_actors_auto_runs_the_plan_at_start_up(tmp_path, monkeypatch, tiny_confi
     record = json.loads((run_dir / "plan.json").read_text())
     assert record["chosen"]["actors"] >= 1 and not record["cached"]
     assert summary["env_steps"] >= 2048
+
+
+def test_near_ties_prefer_headroom_on_the_idle_side():
+    # learner-bound everywhere; 16 envs leaves the actor at 90 % (fragile), 32 envs at 45 %
+    cal = synthetic({16: 22_000.0, 32: 44_000.0}, learner_rate=20_000.0)
+    space = Space(envs=[16, 32], actors=[1], fragment_steps=1024, preferred_envs=16)
+    chosen = choose(predict(cal, config(), space, cores=4), space.preferred_envs)
+    assert chosen.envs_per_actor == 32

@@ -30,6 +30,7 @@ from tianji.config import Config, build_config
 ENV_CHOICES = (4, 8, 16, 32, 64, 128)
 MAX_ACTORS = 16
 TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
+HEADROOM = 0.25  # preferred slack on the side that idles
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,13 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Lay
 
 
 def choose(layouts: list[Layout], preferred_envs: int) -> Layout:
-    """Highest predicted throughput; near-ties go to lower lag, fewer processes, then the configured envs."""
+    """Highest predicted throughput; near-ties go to layouts whose idle side keeps HEADROOM of slack
+    (calibration is noisy: a side predicted at 90 % may be the bottleneck in practice), then to lower
+    lag, fewer processes, and envs per actor closest to the configured value."""
     best = max(l.env_steps_per_s for l in layouts)
     fast = [l for l in layouts if l.env_steps_per_s >= (1 - TIE) * best]
-    pick = min(fast, key=lambda l: (round(l.predicted_lag, 6), l.actors,
+    pick = min(fast, key=lambda l: (min(l.actor_utilization, l.learner_utilization) > 1 - HEADROOM,
+                                    round(l.predicted_lag, 6), l.actors,
                                     abs(math.log2(l.envs_per_actor / preferred_envs))))
     return Layout(**{**asdict(pick), "chosen": True})
 

@@ -13,6 +13,7 @@ Knows nothing of any algorithm beyond the `AlgoLearner` interface.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from tianji.algos.base import AlgoLearner, Arrays
@@ -33,9 +34,20 @@ class Learner:
         self.fragments_consumed = 0
         self.busy_s = 0.0
         self.last_stats: dict[str, float] = {}
+        self.backlog: deque[Fragment] = deque()  # only without back-pressure
 
     def consume(self, fragment: Fragment) -> bool:
-        """Admit a fragment into the buffer unless its policy lag is over the bound."""
+        """Take a fragment: into the algorithm's buffer now, unless its policy lag is over the bound.
+
+        Without back-pressure it waits in an unbounded backlog instead, and its lag is measured
+        when it leaves the backlog for the buffer, just before it is trained on.
+        """
+        if not self.backpressure:
+            self.backlog.append(fragment)
+            return True
+        return self._admit(fragment)
+
+    def _admit(self, fragment: Fragment) -> bool:
         if not self.lag.admit(self.version, fragment.policy_version):
             return False
         start = time.perf_counter()
@@ -57,6 +69,8 @@ class Learner:
     def ready(self) -> bool:
         """Train now? (Enough data, and the rate limiter lets the learner go on.)"""
         if not self.backpressure:
+            while self.backlog and self.algo.wants_data():
+                self._admit(self.backlog.popleft())
             return self.algo.ready()
         return self.algo.ready() and self.limiter.can_sample(self.algo.samples_per_update())
 
