@@ -111,6 +111,14 @@ def _run_role(name: str, threads: int, endpoints: Endpoints,
         ctx.destroy(linger=1000)
 
 
+def _newest(sock: zmq.Socket) -> list[Any] | None:
+    """Drain a SUB socket and keep the newest message (newest weights win)."""
+    newest = None
+    while sock.poll(0):
+        newest = sock.recv_multipart(copy=False)
+    return newest
+
+
 def _weights_client(ctx: zmq.Context, endpoints: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]:
     """The sockets of a role that takes weights: DEALER to the learner, weights SUB, control SUB."""
     link = _socket(ctx, zmq.DEALER, endpoints.fragments)
@@ -160,6 +168,7 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
                 ctx: zmq.Context, events: zmq.Socket) -> None:
     cfg = run.cfg
     link, weights, control, poller = _weights_client(ctx, endpoints)
+    poller.unregister(weights)  # a waiting actor wakes for credits and stop, not for every publish
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
     slots = SlotWriter(pool_path(token, f"actor{actor_id}"), cfg.balance.max_inflight)
@@ -187,14 +196,10 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
                     elif header["kind"] == "weights":
                         actor.set_weights(header["version"], arrays)
                         have_weights = True
-            if weights in ready:
-                newest = None
-                while weights.poll(0):
-                    newest = weights.recv_multipart(copy=False)
-                message = _checked(newest, f"actor{actor_id}", reporter)
-                if message is not None and have_weights and message[0]["version"] > actor.version:
-                    actor.set_weights(message[0]["version"], message[1])
             if have_weights and free_slots:
+                message = _checked(_newest(weights), f"actor{actor_id}", reporter)  # applied between fragments
+                if message is not None and message[0]["version"] > actor.version:
+                    actor.set_weights(message[0]["version"], message[1])
                 fragment = actor.collect()
                 slot = free_slots.popleft()
                 header = slots.write(slot, fragment.arrays)
@@ -220,19 +225,18 @@ def evaluator_main(run: RunContext, endpoints: Endpoints, token: str) -> None:
 def _evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket) -> None:
     """Greedy rounds on the newest weights, at most one per eval.interval_s, only when weights changed."""
     link, weights, control, poller = _weights_client(ctx, endpoints)
+    poller.unregister(weights)  # read when a round is due, not on every publish
     evaluator = build_evaluator(run.cfg)
     link.send(pack_header({"kind": "hello", "role": "evaluator"}))
     last_round = last_event = 0.0
     while True:
-        ready = dict(poller.poll(100))
+        due_in_s = last_round + run.cfg.eval.interval_s - time.time()
+        ready = dict(poller.poll(int(1000 * min(max(due_in_s, 0.05), 1.0))))  # no busy wait for new weights
         if control in ready and _stop_requested(control):
             break
-        for sock in (link, weights):
-            newest = None
-            while sock in ready and sock.poll(0):
-                newest = sock.recv_multipart(copy=False)
+        for newest in (_newest(link) if link in ready else None, _newest(weights)):
             message = _checked(newest, "evaluator", evaluator)
-            if message is not None:
+            if message is not None and message[0]["kind"] == "weights":
                 evaluator.set_weights(message[0]["version"], message[1])
         now = time.time()
         if evaluator.has_new_weights() and now - last_round >= run.cfg.eval.interval_s:
