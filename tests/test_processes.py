@@ -16,6 +16,18 @@ from tianji.shm import SlotWriter, pool_path, remove_pools
 from tianji.wire import decode, pack_header, unpack_header
 
 
+def bound(ctx, kind, endpoint):
+    sock = ctx.socket(kind)
+    sock.bind(endpoint)
+    return sock
+
+
+def start(target, *args):
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    return process
+
+
 def recv_until(sock, predicate, timeout_ms=20_000):
     while sock.poll(timeout_ms):
         frames = sock.recv_multipart()
@@ -30,12 +42,8 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
     token = secrets.token_hex(4)
     endpoints = Endpoints.ipc(token)
     ctx = zmq.Context()
-    events = ctx.socket(zmq.PULL)
-    events.bind(endpoints.events)
-    control = ctx.socket(zmq.PUB)
-    control.bind(endpoints.control)
-    process = multiprocessing.get_context("fork").Process(target=learner_main, args=(run, endpoints, token))
-    process.start()
+    events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
+    process = start(learner_main, run, endpoints, token)
     link = ctx.socket(zmq.DEALER)
     link.connect(endpoints.fragments)
     writer = SlotWriter(pool_path(token, "actor0"), slots=2)
@@ -115,16 +123,11 @@ def test_actor_never_exceeds_its_credits(tiny_config, tmp_path):
     token = secrets.token_hex(4)
     endpoints = Endpoints.ipc(token)
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(endpoints.fragments)
-    publisher = ctx.socket(zmq.PUB)
-    publisher.bind(endpoints.weights)
-    events = ctx.socket(zmq.PULL)
-    events.bind(endpoints.events)
-    control = ctx.socket(zmq.PUB)
-    control.bind(endpoints.control)
-    process = multiprocessing.get_context("fork").Process(target=actor_main, args=(run, endpoints, token, 0))
-    process.start()
+    router = bound(ctx, zmq.ROUTER, endpoints.fragments)
+    bound(ctx, zmq.PUB, endpoints.weights)
+    bound(ctx, zmq.PULL, endpoints.events)
+    control = bound(ctx, zmq.PUB, endpoints.control)
+    process = start(actor_main, run, endpoints, token, 0)
     try:
         from tianji.runtime.build import build_learner
 

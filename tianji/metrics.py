@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tianji.config import Config
+from tianji.runtime.balance import lag_summary
 
 WINDOW = 100
 
@@ -182,16 +183,6 @@ class Monitor:
         return row
 
     # ------------------------------------------------------------ summary / state
-    def lag_summary(self) -> dict[str, float]:
-        count = sum(self.lag_hist.values())
-        if not count:
-            return {"policy_lag_min": 0, "policy_lag_mean": 0.0, "policy_lag_max": 0}
-        return {
-            "policy_lag_min": min(self.lag_hist),
-            "policy_lag_mean": sum(k * v for k, v in self.lag_hist.items()) / count,
-            "policy_lag_max": max(self.lag_hist),
-        }
-
     def summary(self, stop_reason: str) -> dict[str, Any]:
         mean = self.return_mean()
         metric = {"train": "env/return_mean100 (mean return of the last 100 training episodes)",
@@ -211,7 +202,7 @@ class Monitor:
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "wall_time_s": round(self.elapsed(), 3),
-            **self.lag_summary(),
+            **lag_summary(self.lag_hist),
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
             "fragments_dropped": int(self.totals["dropped"]),
             "bad_messages": int(self.totals["bad_messages"]),

@@ -32,15 +32,19 @@ class LagStats:
         return window
 
     def summary(self) -> dict[str, float]:
-        count = sum(self.histogram.values())
-        if not count:
-            return {"policy_lag_min": 0, "policy_lag_mean": 0.0, "policy_lag_max": 0}
-        total = sum(lag * n for lag, n in self.histogram.items())
-        return {
-            "policy_lag_min": min(self.histogram),
-            "policy_lag_mean": total / count,
-            "policy_lag_max": max(self.histogram),
-        }
+        return lag_summary(self.histogram)
+
+
+def lag_summary(histogram: Counter) -> dict[str, float]:
+    """min/mean/max of a lag histogram ({lag: count})."""
+    count = sum(histogram.values())
+    if not count:
+        return {"policy_lag_min": 0, "policy_lag_mean": 0.0, "policy_lag_max": 0}
+    return {
+        "policy_lag_min": min(histogram),
+        "policy_lag_mean": sum(lag * n for lag, n in histogram.items()) / count,
+        "policy_lag_max": max(histogram),
+    }
 
 
 class RateLimiter:

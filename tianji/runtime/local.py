@@ -42,7 +42,7 @@ log = logging.getLogger("tianji")
 
 EVENT_INTERVAL_S = 0.1
 STOP_GRACE_S = 20.0
-MAX_ACTOR_RESTARTS = 10
+MAX_ROLE_RESTARTS = 10
 HEARTBEAT_TIMEOUT_S = 60.0  # an actor silent this long (hung env, deadlock) is replaced
 
 
@@ -433,8 +433,8 @@ def _supervise(run: RunContext, monitor: Monitor, events: zmq.Socket, roles: _Ro
             if process.is_alive() and silent_s < HEARTBEAT_TIMEOUT_S:
                 continue
             monitor.totals["role_restarts"] += 1
-            if monitor.totals["role_restarts"] > MAX_ACTOR_RESTARTS:
-                raise RoleError(f"workers failed {MAX_ACTOR_RESTARTS} times; last: {name}, code {process.exitcode}")
+            if monitor.totals["role_restarts"] > MAX_ROLE_RESTARTS:
+                raise RoleError(f"workers failed {MAX_ROLE_RESTARTS} times; last: {name}, code {process.exitcode}")
             if process.is_alive():
                 log.warning("%s sent no heartbeat for %.0f s; replacing it", name, silent_s)
                 process.kill()
