@@ -17,6 +17,7 @@ import secrets
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -93,6 +94,7 @@ def transfer_gbps(name: str, seconds: float, use_shm: bool, slots: int = 4) -> f
     reader.close()
     remove_pools(token)
     ctx.destroy(linger=0)
+    Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
     return received / elapsed / 1e9
 
 

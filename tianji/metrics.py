@@ -44,6 +44,7 @@ class Monitor:
         self.target_reached = bool(r.get("target_reached", False))
         self.time_to_target_s = r.get("time_to_target_s")
         self.env_steps_to_target = r.get("env_steps_to_target")
+        self.return_at_target = r.get("return_at_target")
         self.version = int(r.get("version", 0))
         self.eval_return: float | None = r.get("eval_return")
         self.eval_length = float("nan")
@@ -120,6 +121,7 @@ class Monitor:
             self.target_reached = True
             self.time_to_target_s = self.elapsed()
             self.env_steps_to_target = self.env_steps
+            self.return_at_target = value
 
     # ------------------------------------------------------------ stop
     def stop_reason(self) -> str | None:
@@ -193,7 +195,8 @@ class Monitor:
             "target_return": self.cfg.stop.target_return,
             "time_to_target_s": self.time_to_target_s,
             "env_steps_to_target": self.env_steps_to_target,
-            "final_return_mean100": mean,
+            "return_at_target": self.return_at_target,  # the target metric when it was reached
+            "final_return_mean100": mean,  # at the end, after the roles stopped
             "final_eval_return_mean": self.eval_return,
             "eval_rounds": int(self.totals["eval_rounds"]),
             "replay_ratio": None if self.replay_ratio != self.replay_ratio else self.replay_ratio,
@@ -226,6 +229,7 @@ class Monitor:
             "target_reached": self.target_reached,
             "time_to_target_s": self.time_to_target_s,
             "env_steps_to_target": self.env_steps_to_target,
+            "return_at_target": self.return_at_target,
             "version": self.version,
             "eval_return": self.eval_return,
         }
