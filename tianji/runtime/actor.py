@@ -14,7 +14,7 @@ so algorithms can bootstrap truncated episodes from it and mask it from losses.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -29,7 +29,6 @@ class Fragment:
     seq: int
     policy_version: int
     env_steps: int
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Actor:
