@@ -22,7 +22,7 @@ def synthetic(actor_rates, learner_rate, fragment_steps=1024, steps_per_update=1
 def test_throughput_model_bounds_by_actors_learner_and_cpu():
     cal = synthetic({8: 10_000.0}, learner_rate=30_000.0)
     space = Space(envs=[8], actors=[1, 2, 4, 8], fragment_steps=1024, preferred_envs=8)
-    rows = {l.actors: l for l in predict(cal, config(), space, cores=4)}
+    rows = {row.actors: row for row in predict(cal, config(), space, cores=4)}
     assert rows[1].env_steps_per_s == pytest.approx(10_000)  # actor-bound
     assert rows[1].idle_side == "learner"
     assert rows[2].env_steps_per_s == pytest.approx(20_000)
@@ -35,7 +35,7 @@ def test_throughput_model_bounds_by_actors_learner_and_cpu():
 def test_cpu_bound_applies_on_a_small_machine():
     cal = synthetic({8: 10_000.0}, learner_rate=10_000.0)
     space = Space(envs=[8], actors=[1, 2, 3], fragment_steps=1024, preferred_envs=8)
-    rows = {l.actors: l for l in predict(cal, config(), space, cores=1)}
+    rows = {row.actors: row for row in predict(cal, config(), space, cores=1)}
     assert rows[3].env_steps_per_s == pytest.approx(1 / (1 / 10_000 + 1 / 10_000))  # one core shared
 
 

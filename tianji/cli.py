@@ -7,7 +7,6 @@ import time
 T0 = time.time()  # command start, before heavy imports: time-to-target counts from here
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402

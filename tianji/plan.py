@@ -168,16 +168,17 @@ def choose(layouts: list[Layout], preferred_envs: int) -> Layout:
     """Highest predicted throughput; near-ties go to layouts whose idle side keeps HEADROOM of slack
     (calibration is noisy: a side predicted at 90 % may be the bottleneck in practice), then to lower
     lag, fewer processes, and envs per actor closest to the configured value."""
-    best = max(l.env_steps_per_s for l in layouts)
-    fast = [l for l in layouts if l.env_steps_per_s >= (1 - TIE) * best]
-    pick = min(fast, key=lambda l: (min(l.actor_utilization, l.learner_utilization) > 1 - HEADROOM,
-                                    round(l.predicted_lag, 6), l.actors,
-                                    abs(math.log2(l.envs_per_actor / preferred_envs))))
+    best = max(c.env_steps_per_s for c in layouts)
+    fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
+    pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
+                                    round(c.predicted_lag, 6), c.actors,
+                                    abs(math.log2(c.envs_per_actor / preferred_envs))))
     return Layout(**{**asdict(pick), "chosen": True})
 
 
 def mark(layouts: list[Layout], chosen: Layout) -> list[Layout]:
-    return [chosen if (l.actors, l.envs_per_actor) == (chosen.actors, chosen.envs_per_actor) else l for l in layouts]
+    same = (chosen.actors, chosen.envs_per_actor)
+    return [chosen if (c.actors, c.envs_per_actor) == same else c for c in layouts]
 
 
 # ---------------------------------------------------------------- cache and start-up resolution
@@ -271,8 +272,8 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     lines.append(f"  {'':2}{'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
                  f"{'learner util':>12} {'pred lag':>8}  idle")
-    for l in sorted(layouts, key=lambda l: (l.envs_per_actor, l.actors)):  # noqa: E741
-        lines.append(f"  {'*' if l.chosen else ' ':2}{l.actors:>6} {l.envs_per_actor:>5} {l.fragment_length:>5} "
-                     f"{l.env_steps_per_s:>13,.0f} {l.actor_utilization:>10.0%} {l.learner_utilization:>12.0%} "
-                     f"{l.predicted_lag:>8.1f}  {l.idle_side}")
+    for c in sorted(layouts, key=lambda c: (c.envs_per_actor, c.actors)):
+        lines.append(f"  {'*' if c.chosen else ' ':2}{c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
+                     f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
+                     f"{c.predicted_lag:>8.1f}  {c.idle_side}")
     return "\n".join(lines)
