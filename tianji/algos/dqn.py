@@ -16,6 +16,7 @@ from torch import nn
 
 from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
 from tianji.config import DQNConfig
+from tianji.optim import Adam
 from tianji.replay import PrioritizedReplay
 
 # ------------------------------------------------------------------ pure math
@@ -186,7 +187,7 @@ class DQNLearner:
         self.target = _make_net(cfg, obs_space, act_space)
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, fused=True)
+        self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
         self.replay = PrioritizedReplay(cfg.buffer_capacity, {
             "obs": (obs_space.shape, obs_space.dtype),
             "next_obs": (obs_space.shape, obs_space.dtype),
@@ -231,7 +232,7 @@ class DQNLearner:
                                        next_q_online if c.double else next_q_target, next_q_target, c.double)
         q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
         loss, td = td_loss(q_taken, targets, torch.from_numpy(weights))
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()

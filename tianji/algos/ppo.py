@@ -21,6 +21,7 @@ from torch import nn
 
 from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
 from tianji.config import PPOConfig
+from tianji.optim import Adam
 
 # ------------------------------------------------------------------ pure math
 
@@ -181,7 +182,7 @@ class PPOLearner:
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
         self.cfg = cfg
         self.net = ActorCritic(obs_space, act_space, cfg.hidden)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
+        self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.pending: list[Mapping[str, np.ndarray]] = []
         self._samples_per_fragment = 0
 
@@ -224,7 +225,7 @@ class PPOLearner:
                 idx = order[start : start + size]
                 logp, entropy, value = self.net.evaluate(batch["obs"][idx], batch["action"][idx])
                 loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy, self.cfg)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad()
                 loss.backward()
                 stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
                 self.optimizer.step()
