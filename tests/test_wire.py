@@ -104,3 +104,20 @@ def test_shared_memory_reader_rejects_foreign_or_out_of_range_slots():
         writer.close()
         reader.close()
         remove_pools(token)
+
+
+def test_slot_file_never_shrinks_when_the_layout_changes():
+    token = "testshrink"
+    path = pool_path(token, "actor0")
+    writer = SlotWriter(path, slots=2)
+    reader = SlotReader(allowed_prefix=f"tianji-{token}-")
+    try:
+        writer.write(1, {"x": np.ones(1000, np.float32)})
+        size = path.stat().st_size
+        header = writer.write(1, {"y": np.full(10, 7, np.int64)})
+        assert path.stat().st_size == size  # a reader mapping the old size must not fault
+        np.testing.assert_array_equal(reader.read(header)["y"], np.full(10, 7))
+    finally:
+        writer.close()
+        reader.close()
+        remove_pools(token)

@@ -50,6 +50,7 @@ class SlotWriter:
         self.path, self.slots = path, slots
         self._map: mmap.mmap | None = None
         self._fields: list[Any] | None = None
+        self._offsets: list[int] = []
         self.slot_bytes = 0
 
     def write(self, slot: int, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -57,16 +58,17 @@ class SlotWriter:
         fields = describe(arrays)
         if self._map is None or fields != self._fields:
             self._open(fields)
-        offsets, _ = _layout(check_fields(fields))
         base = slot * self.slot_bytes
-        for offset, arr in zip(offsets, arrays.values()):
+        for offset, arr in zip(self._offsets, arrays.values()):
             dst = np.frombuffer(self._map, dtype=arr.dtype, count=arr.size, offset=base + offset)
             dst[...] = arr.reshape(-1)
         return {"shm": str(self.path), "slot": slot, "slot_bytes": self.slot_bytes, "fields": fields}
 
     def _open(self, fields: list[Any]) -> None:
         self.close()
-        _, self.slot_bytes = _layout(check_fields(fields))
+        self._offsets, needed = _layout(check_fields(fields))
+        # never shrink the file: a reader that mapped the old size would fault past the new end
+        self.slot_bytes = max(self.slot_bytes, needed)
         size = self.slot_bytes * self.slots
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
