@@ -3,9 +3,11 @@ time-to-target, env steps to target, throughput and policy lag.
 
     python benchmarks/ablations.py [--seeds 3] [--algos ppo dqn] [--out ablations.png]
 
-Every variant is run as a fresh `tianji train` command per seed, one after another, and reported
-as the median over seeds (a seed that misses the target within the cap counts as the cap). The
-table is printed and saved beside the plot as JSON.
+Every variant is run as a fresh `tianji train` command per seed, the variants taking turns seed by
+seed (so slow drift of the machine hits every row alike), and reported as the median over seeds (a
+seed that misses the target within the cap counts as the cap). The planned row trains with the layout
+`tianji plan PRESET` chooses on this machine (its run time is printed). The table is printed and saved
+beside the plot as JSON, with the planned row's time over the best hand layout's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,10 +28,12 @@ from common import run_tianji
 CAP_S = {"ppo": 60, "dqn": 60}
 PRESET = {"ppo": "cartpole-ppo", "dqn": "cartpole-dqn"}
 NO_BOUND = 1_000_000
+PLANNED = "planned layout (`tianji plan` choice)"
 
 
-def variants(algo: str, seed_for_random: int) -> list[tuple[str, list[str]]]:
-    """(name, overrides) for one algorithm; the preset itself is 'balance on'."""
+def variants(algo: str, seed_for_random: int, planned: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, overrides) for one algorithm; the preset itself is 'balance on'; `planned` is the
+    layout `tianji plan` chose."""
     rng = random.Random(seed_for_random)
     random_layout = [f"topology.actors={rng.choice([1, 2, 3, 4])}",
                      f"topology.envs_per_actor={rng.choice([4, 8, 16, 64])}"]
@@ -39,9 +46,7 @@ def variants(algo: str, seed_for_random: int) -> list[tuple[str, list[str]]]:
              ["balance.backpressure=false", f"balance.max_policy_lag={NO_BOUND}"]),
             ("more old samples (16 in flight per actor, no lag bound)",
              ["balance.max_inflight=16", f"balance.max_policy_lag={NO_BOUND}"]),
-            # envs auto keeps 16 x fragment_length env steps per fragment: 16 x 128 = the preset's 32 x 64
-            ("planned layout (actors, envs: auto)",
-             ["topology.actors=auto", "topology.envs_per_actor=auto", "topology.fragment_length=128"]),
+            (PLANNED, planned),
             (f"random layout ({random_layout[0].split('=')[1]} actors x {random_layout[1].split('=')[1]} envs)",
              random_layout),
         ]
@@ -49,10 +54,29 @@ def variants(algo: str, seed_for_random: int) -> list[tuple[str, list[str]]]:
         rows = [
             ("balance on (preset: replay-ratio limiter)", []),
             ("balance off (no rate limiter)", ["balance.replay_ratio=null", "balance.backpressure=false"]),
-            ("planned layout (actors: auto)", ["topology.actors=auto"]),
+            (PLANNED, planned),
         ]
     rows += [(f"{a} actor{'s' if a > 1 else ''} per learner", [f"topology.actors={a}"]) for a in (1, 2, 4, 8)]
     return rows
+
+
+def plan_layout(algo: str) -> tuple[list[str], float]:
+    """The overrides `tianji plan PRESET` prints as its choice, and how long the command took."""
+    started = time.time()
+    output = subprocess.run([sys.executable, "-m", "tianji", "plan", PRESET[algo]], check=True,
+                            capture_output=True, text=True).stdout
+    chosen = next(line for line in output.splitlines() if line.startswith("chosen:"))
+    return re.findall(r"--set (\S+)", chosen), time.time() - started
+
+
+HAND_LAYOUTS = ("balance on", "random layout", "actor per learner", "actors per learner")  # rows with a fixed layout
+
+
+def planned_vs_best_hand(rows: list[dict]) -> tuple[float, str]:
+    planned = next(r for r in rows if r["variant"] == PLANNED)
+    hand = [r for r in rows if any(tag in r["variant"] for tag in HAND_LAYOUTS)]
+    best = min(hand, key=lambda r: r["time_to_target_s"])
+    return planned["time_to_target_s"] / best["time_to_target_s"], best["variant"]
 
 
 def run_once(algo: str, overrides: list[str], seed: int, root: Path) -> dict:
@@ -127,16 +151,19 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos:
-            rows = []
-            for name, overrides in variants(algo, seed_for_random=12345):
-                if "topology.actors=auto" in overrides:  # calibrate once, outside the timed runs (then cached)
-                    run_once(algo, overrides + ["stop.max_env_steps=1"], 0, Path(tmp))
-                runs = [run_once(algo, overrides, seed, Path(tmp)) for seed in range(args.seeds)]
-                rows.append(summarize(name, runs, CAP_S[algo]))
-                print(f"  done: {algo} / {name} ({time.time() - started:.0f} s)", flush=True)
-            results[algo] = rows
+            planned, plan_s = plan_layout(algo)
+            print(f"  tianji plan {PRESET[algo]}: {' '.join(planned)} ({plan_s:.0f} s)", flush=True)
+            table = variants(algo, seed_for_random=12345, planned=planned)
+            runs: dict[str, list[dict]] = {name: [] for name, _ in table}
+            for seed in range(args.seeds):  # variants take turns, seed by seed
+                for name, overrides in table:
+                    runs[name].append(run_once(algo, overrides, seed, Path(tmp)))
+                print(f"  done: {algo} seed {seed} ({time.time() - started:.0f} s)", flush=True)
+            results[algo] = [summarize(name, runs[name], CAP_S[algo]) for name, _ in table]
     for algo, rows in results.items():
         print_table(algo, rows)
+        ratio, best = planned_vs_best_hand(rows)
+        print(f"planned layout / best hand layout ({best}): {ratio:.2f}")
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     plot(results, out)

@@ -39,16 +39,35 @@ def test_cpu_bound_applies_on_a_small_machine():
     assert rows[3].env_steps_per_s == pytest.approx(1 / (1 / 10_000 + 1 / 10_000))  # one core shared
 
 
-def test_choice_prefers_throughput_then_lag_then_fewer_actors():
+def test_choice_prefers_throughput_first():
     cal = synthetic({8: 10_000.0, 32: 40_000.0}, learner_rate=30_000.0)
     space = Space(envs=[8, 32], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=8)
-    chosen = choose(predict(cal, config(), space, cores=8), space.preferred_envs)
-    assert (chosen.actors, chosen.envs_per_actor) == (1, 32)  # one fast actor saturates the learner
+    chosen = choose(predict(cal, config(), space, cores=8), space.preferred_envs, max_policy_lag=4, cores=8)
+    assert chosen.envs_per_actor == 32, "8 envs per actor cannot feed the learner with one actor inside the lag bound"
     assert chosen.chosen and chosen.fragment_length == 32
 
     cal = synthetic({8: 10_000.0}, learner_rate=100_000.0)
     space = Space(envs=[8], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=8)
     assert choose(predict(cal, config(), space, cores=8), 8).actors == 4  # learner-rich: as many actors as fit
+
+
+def test_near_ties_spread_production_over_cores_inside_the_lag_bound():
+    # one actor already saturates the learner; 1..4 actors are equally fast
+    cal = synthetic({32: 40_000.0}, learner_rate=20_000.0)
+    space = Space(envs=[32], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=32)
+    rows = predict(cal, config(), space, cores=2)
+    assert len({round(r.env_steps_per_s) for r in rows}) == 1
+    assert choose(rows, 32, max_policy_lag=6, cores=2).actors == 2, "one actor per core"
+    assert choose(rows, 32, max_policy_lag=4, cores=2).actors == 1, "2 actors would overrun the lag bound"
+    assert choose(rows, 32, max_policy_lag=100, cores=8).actors == 4
+
+
+def test_predicted_max_lag_matches_the_credit_queue():
+    # measured on CartPole PPO (1 fragment per update, 2 credits): 1 actor lag max 3, 2 actors lag max 5
+    assert plan.predicted_max_lag(1, 1.0, 2, actors_wait=True) == 3
+    assert plan.predicted_max_lag(2, 1.0, 2, actors_wait=True) == 5
+    assert plan.predicted_max_lag(2, 1.0, 2, actors_wait=False) == 3  # actor-bound: nothing queues
+    assert plan.predicted_max_lag(1, 4.0, 2, actors_wait=True) == 12
 
 
 def test_layout_space_respects_cores_and_fixed_values():
@@ -71,7 +90,7 @@ def test_calibration_is_cached_per_machine_and_config(tmp_path, monkeypatch):
     cfg = config(actors="auto")
     resolved, record = plan.resolve_layout(cfg, cores=2)
     assert not record["cached"] and len(calls) == 1
-    assert resolved.topology.actors == 1 and resolved.topology.envs_per_actor == 32
+    assert resolved.topology.actors == 2 and resolved.topology.envs_per_actor == 32  # one actor per core
     _, again = plan.resolve_layout(cfg, cores=2)
     assert again["cached"] and len(calls) == 1
     other = config(actors="auto", fragment_length=32)

@@ -63,7 +63,7 @@ def _plan(args: argparse.Namespace) -> int:
           flush=True)
     cal = calibrate(cfg, space)
     layouts = predict(cal, cfg, space, cores)
-    chosen = choose(layouts, space.preferred_envs)
+    chosen = choose(layouts, space.preferred_envs, cfg.balance.max_policy_lag, cores)
     print(format_table(cal, mark(layouts, chosen), cores))
     print(f"chosen: --set topology.actors={chosen.actors} --set topology.envs_per_actor={chosen.envs_per_actor} "
           f"--set topology.fragment_length={chosen.fragment_length}   (or topology.actors: auto in the config)")

@@ -10,6 +10,12 @@ With A actors on c cores the throughput X is bounded by the actors (X <= A * P),
 (X <= C) and by the CPU (X * (1/P + 1/C) <= c). The side with the lower utilisation idles.
 Changing envs per actor keeps the fragment size (envs x steps) as configured, so the batch an
 algorithm trains on does not change with the layout.
+
+The model ranks layouts by throughput; among those it cannot tell apart (within TIE) the choice
+follows what the ablations measured (benchmarks/ablations.py): keep slack on the idle side, stay
+inside the lag bound (no planned drops), then spread production over up to one actor per core
+(PPO and DQN on CartPole both reached the target faster with 2 actors than with 1 on 2 cores,
+with the learner the bottleneck in both), then keep envs per actor near the configured value.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ class Layout:
     env_steps_per_s: float
     actor_utilization: float
     learner_utilization: float
-    predicted_lag: float
+    predicted_lag: float  # predicted max policy lag at the learner
     idle_side: str
     chosen: bool = False
 
@@ -155,24 +161,41 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Lay
             cpu_bound = cores / (1.0 / rate + 1.0 / cal.learner_rate)
             x = min(a * rate, cal.learner_rate, cpu_bound)
             actor_util, learner_util = x / (a * rate), x / cal.learner_rate
-            # versions the learner advances while a fragment is produced, times the queue when actors wait
-            queue = cfg.balance.max_inflight if actor_util < learner_util else 1
-            lag = a * cal.fragment_steps / cal.steps_per_update * queue
+            lag = predicted_max_lag(a, cal.fragment_steps / cal.steps_per_update, cfg.balance.max_inflight,
+                                    actors_wait=actor_util < learner_util)
             idle = ("actors" if actor_util < learner_util - 0.02 else
                     "learner" if learner_util < actor_util - 0.02 else "neither")
             layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util, lag, idle))
     return layouts
 
 
-def choose(layouts: list[Layout], preferred_envs: int) -> Layout:
-    """Highest predicted throughput; near-ties go to layouts whose idle side keeps HEADROOM of slack
-    (calibration is noisy: a side predicted at 90 % may be the bottleneck in practice), then to lower
-    lag, fewer processes, and envs per actor closest to the configured value."""
+def predicted_max_lag(actors: int, versions_per_fragment: float, max_inflight: int, actors_wait: bool) -> float:
+    """Largest lag expected at the learner. While one fragment is produced the learner advances
+    `versions_per_fragment` per fragment it takes from every actor; when the actors wait for it,
+    each actor's whole queue of credits is ahead of it. An actor reads new weights only before a
+    fragment, so the newest fragment is up to one more fragment (at least one version) behind."""
+    queue = max_inflight if actors_wait else 1
+    return actors * versions_per_fragment * queue + max(1.0, versions_per_fragment)
+
+
+def choose(layouts: list[Layout], preferred_envs: int, max_policy_lag: float = math.inf,
+           cores: int | None = None) -> Layout:
+    """Highest predicted throughput; near-ties (within TIE) are broken, in order, by
+    - slack: the idle side keeps HEADROOM (calibration is noisy: a side predicted at 90 % may be
+      the bottleneck in practice);
+    - the lag bound: predicted max lag within `max_policy_lag`, so no fragment is planned to be dropped;
+    - more actors, up to one per core: production spread over processes keeps the learner fed
+      when one actor stalls, and measured faster to the target than one actor on 2 cores;
+    - envs per actor closest to the configured value (the batch shape is a tuned hyperparameter);
+    - lower lag."""
+    per_core = cores or max(c.actors for c in layouts)
     best = max(c.env_steps_per_s for c in layouts)
     fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
     pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
-                                    round(c.predicted_lag, 6), c.actors,
-                                    abs(math.log2(c.envs_per_actor / preferred_envs))))
+                                    c.predicted_lag > max_policy_lag,
+                                    -min(c.actors, per_core),
+                                    abs(math.log2(c.envs_per_actor / preferred_envs)),
+                                    round(c.predicted_lag, 6), c.actors))
     return Layout(**{**asdict(pick), "chosen": True})
 
 
@@ -259,7 +282,7 @@ def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[
     space = layout_space(cfg, cores, plan_envs=cfg.topology.envs_per_actor == "auto",
                          plan_actors=cfg.topology.actors == "auto")
     cal, cached = load_or_calibrate(cfg, space)
-    chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs)
+    chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs, cfg.balance.max_policy_lag, cores)
     record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen)}
     return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps), record
 
@@ -271,9 +294,9 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
                  + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     lines.append(f"  {'':2}{'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
-                 f"{'learner util':>12} {'pred lag':>8}  idle")
+                 f"{'learner util':>12} {'max lag':>7}  idle")
     for c in sorted(layouts, key=lambda c: (c.envs_per_actor, c.actors)):
         lines.append(f"  {'*' if c.chosen else ' ':2}{c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
                      f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
-                     f"{c.predicted_lag:>8.1f}  {c.idle_side}")
+                     f"{c.predicted_lag:>7.1f}  {c.idle_side}")
     return "\n".join(lines)
