@@ -166,7 +166,11 @@ def main() -> None:
         print(f"planned layout / best hand layout ({best}): {ratio:.2f}")
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    plot(results, out)
+    try:
+        plot(results, out)
+    except ImportError:
+        print(f"\nno plot: matplotlib is missing (pip install -e '.[bench]'); table: {out.with_suffix('.json')}")
+        return
     print(f"\nplot: {out}   table: {out.with_suffix('.json')}   total {time.time() - started:.0f} s")
 
 

@@ -148,6 +148,9 @@ def test_actor_never_exceeds_its_credits(tiny_config, tmp_path):
         assert len(first) == cfg.balance.max_inflight
         assert sorted(h["slot"] for h in first) == list(range(cfg.balance.max_inflight))
         assert [h["seq"] for h in first] == list(range(cfg.balance.max_inflight))
+        # each actor process has its own slot file, so a restarted actor never rewrites slots its
+        # dead predecessor announced
+        assert first[0]["shm"].endswith(f"-actor0-pid{process.pid}")
         router.send_multipart([identity, pack_header({"kind": "credit", "slot": first[0]["slot"]})])
         more = notices_within(2.0)
         assert len(more) == 1 and more[0]["slot"] == first[0]["slot"]

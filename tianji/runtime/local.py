@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import secrets
 import signal
 import tempfile
@@ -159,6 +160,12 @@ def _fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fra
 # ---------------------------------------------------------------- actor process
 
 
+def actor_pool(token: str, actor_id: int) -> Path:
+    """This actor process's slot file. A restarted actor gets a new file: notices its dead
+    predecessor left queued at the learner still point at the old one, which nobody rewrites."""
+    return pool_path(token, f"actor{actor_id}-pid{os.getpid()}")
+
+
 def actor_main(run: RunContext, endpoints: Endpoints, token: str, actor_id: int) -> None:
     _run_role(f"actor{actor_id}", run.cfg.topology.actor_threads, endpoints,
               lambda ctx, events: _actor_loop(run, endpoints, token, actor_id, ctx, events))
@@ -171,7 +178,7 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
     poller.unregister(weights)  # a waiting actor wakes for credits and stop, not for every publish
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
-    slots = SlotWriter(pool_path(token, f"actor{actor_id}"), cfg.balance.max_inflight)
+    slots = SlotWriter(actor_pool(token, actor_id), cfg.balance.max_inflight)
     free_slots = deque(range(cfg.balance.max_inflight))  # our credits
     have_weights = False
     link.send(pack_header({"kind": "hello", "actor": actor_id}))
