@@ -107,6 +107,24 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     assert str(run_dir) in output
 
 
+def wait_for(predicate, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def successor_slot_file(roles_file, victim: int) -> bool:
+    """The replacement of actor0 is running and has written its own slot file."""
+    try:
+        pid = json.loads(roles_file.read_text())["actor0"]
+    except (ValueError, KeyError):  # roles.json being rewritten
+        return False
+    return pid != victim and any(shm_root().glob(f"tianji-*-actor0-pid{pid}"))
+
+
 def test_killed_actor_is_restarted_and_training_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
@@ -124,6 +142,8 @@ def test_killed_actor_is_restarted_and_training_goes_on(tmp_path):
         victim = json.loads(roles_file.read_text())["actor0"]
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
+        successor_has_own_slots = wait_for(lambda: successor_slot_file(roles_file, victim), seconds=30)
+        victim_slots_left = list(shm_root().glob(f"tianji-*-actor0-pid{victim}"))
         output, _ = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
@@ -132,6 +152,8 @@ def test_killed_actor_is_restarted_and_training_goes_on(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["role_restarts"] >= 1
     assert json.loads((run_dir / "roles.json").read_text())["actor0"] != victim
+    assert successor_has_own_slots, "the restarted actor writes its own slot file"
+    assert not victim_slots_left, "the dead actor's slot file is removed when it is replaced"
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     after = [r for r in rows if float(r["time_s"]) > summary["wall_time_s"] - (time.time() - killed_at) + 2]
     assert after and float(after[-1]["env_steps"]) > float(after[0]["env_steps"]), "training must go on"

@@ -160,10 +160,11 @@ def _fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fra
 # ---------------------------------------------------------------- actor process
 
 
-def actor_pool(token: str, actor_id: int) -> Path:
-    """This actor process's slot file. A restarted actor gets a new file: notices its dead
-    predecessor left queued at the learner still point at the old one, which nobody rewrites."""
-    return pool_path(token, f"actor{actor_id}-pid{os.getpid()}")
+def role_pool(token: str, role: str, pid: int) -> Path:
+    """The slot file of one role process. A restarted actor gets a new file: notices its dead
+    predecessor left queued at the learner still point at the old one, which nobody rewrites
+    (the driver unlinks it; a learner that mapped it keeps reading its own mapping)."""
+    return pool_path(token, f"{role}-pid{pid}")
 
 
 def actor_main(run: RunContext, endpoints: Endpoints, token: str, actor_id: int) -> None:
@@ -178,7 +179,7 @@ def _actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int
     poller.unregister(weights)  # a waiting actor wakes for credits and stop, not for every publish
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
-    slots = SlotWriter(actor_pool(token, actor_id), cfg.balance.max_inflight)
+    slots = SlotWriter(role_pool(token, f"actor{actor_id}", os.getpid()), cfg.balance.max_inflight)
     free_slots = deque(range(cfg.balance.max_inflight))  # our credits
     have_weights = False
     link.send(pack_header({"kind": "hello", "actor": actor_id}))
@@ -356,7 +357,7 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
         f"actor{i}": (actor_main, (i,)) for i in range(cfg.topology.actors)}
     if cfg.eval.interval_s is not None:
         workers["evaluator"] = (evaluator_main, ())
-    roles = _Roles(start("learner", learner_main), workers, start, run.run_dir)
+    roles = _Roles(start("learner", learner_main), workers, start, run.run_dir, token)
     try:
         return _supervise(run, monitor, events, roles)
     except KeyboardInterrupt:
@@ -378,8 +379,9 @@ class _Roles:
 
     def __init__(self, learner: multiprocessing.Process,
                  workers: dict[str, tuple[Callable[..., None], tuple[Any, ...]]],
-                 start: Callable[..., multiprocessing.Process], run_dir: Path):
+                 start: Callable[..., multiprocessing.Process], run_dir: Path, token: str):
         self.learner = learner
+        self.token = token
         self.specs = workers
         self.start = start
         self.run_dir = run_dir
@@ -396,6 +398,7 @@ class _Roles:
 
     def restart(self, name: str) -> None:
         target, args = self.specs[name]
+        role_pool(self.token, name, self.workers[name].pid).unlink(missing_ok=True)  # the dead one's slots
         self.workers[name] = self.start(name, target, *args)
         self.last_seen[name] = time.time()
         self.write_pids()
