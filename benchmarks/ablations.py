@@ -1,7 +1,7 @@
 """The paper's ablation table on CartPole: what balance, queue depth, layout and actor count do to
 time-to-target, env steps to target, throughput and policy lag.
 
-    python benchmarks/ablations.py [--seeds 3] [--algos ppo dqn] [--out ablations.png]
+    python benchmarks/ablations.py [--seeds 3] [--algos ppo dqn] [--rows planned actor] [--out ablations.png]
 
 Every variant is run as a fresh `tianji train` command per seed, the variants taking turns seed by
 seed (so slow drift of the machine hits every row alike), and reported as the median over seeds (a
@@ -75,7 +75,9 @@ HAND_LAYOUTS = ("balance on", "random layout", "actor per learner", "actors per 
 def planned_vs_best_hand(rows: list[dict]) -> list[str]:
     """The planned row's time over the best hand row's, and over the best hand row with another
     layout (rows with the planned layout itself differ only by run-to-run noise)."""
-    planned = next(r for r in rows if r["variant"] == PLANNED)
+    planned = next((r for r in rows if r["variant"] == PLANNED), None)
+    if planned is None:
+        return []
     hand = [r for r in rows if any(tag in r["variant"] for tag in HAND_LAYOUTS)]
     lines = []
     for label, pool in (("best hand layout", hand),
@@ -155,8 +157,11 @@ def plot(results: dict[str, list[dict]], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
     parser.add_argument("--out", default="ablations.png", help="plot path (a .json with the table goes beside it)")
+    parser.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
+                        help="only the variants whose name contains one of these (e.g. planned actor)")
     args = parser.parse_args()
     started = time.time()
     results: dict[str, list[dict]] = {}
@@ -165,8 +170,10 @@ def main() -> None:
             planned, plan_s = plan_layout(algo)
             print(f"  tianji plan {PRESET[algo]}: {' '.join(planned)} ({plan_s:.0f} s)", flush=True)
             table = variants(algo, seed_for_random=12345, planned=planned)
+            if args.rows:
+                table = [(name, o) for name, o in table if any(text in name for text in args.rows)]
             runs: dict[str, list[dict]] = {name: [] for name, _ in table}
-            for seed in range(args.seeds):  # variants take turns, seed by seed
+            for seed in range(args.first_seed, args.first_seed + args.seeds):  # variants take turns, seed by seed
                 for name, overrides in table:
                     runs[name].append(run_once(algo, overrides, seed, Path(tmp)))
                 print(f"  done: {algo} seed {seed} ({time.time() - started:.0f} s)", flush=True)
