@@ -69,16 +69,19 @@ def plan_layout(algo: str) -> tuple[list[str], float]:
     return re.findall(r"--set (\S+)", chosen), time.time() - started
 
 
-HAND_LAYOUTS = ("balance on", "random layout", "actor per learner", "actors per learner")  # rows with a fixed layout
+def hand_layouts(table: list[tuple[str, list[str]]]) -> set[str]:
+    """Rows that fix a layout by hand: the preset and rows that override only the topology."""
+    return {name for name, overrides in table
+            if name != PLANNED and all(item.startswith("topology.") for item in overrides)}
 
 
-def planned_vs_best_hand(rows: list[dict]) -> list[str]:
+def planned_vs_best_hand(rows: list[dict], hand_names: set[str]) -> list[str]:
     """The planned row's time over the best hand row's, and over the best hand row with another
     layout (rows with the planned layout itself differ only by run-to-run noise)."""
     planned = next((r for r in rows if r["variant"] == PLANNED), None)
     if planned is None:
         return []
-    hand = [r for r in rows if any(tag in r["variant"] for tag in HAND_LAYOUTS)]
+    hand = [r for r in rows if r["variant"] in hand_names]
     lines = []
     for label, pool in (("best hand layout", hand),
                         ("best other layout", [r for r in hand if r["layouts"] != planned["layouts"]])):
@@ -165,6 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     results: dict[str, list[dict]] = {}
+    hand: dict[str, set[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos:
             planned, plan_s = plan_layout(algo)
@@ -178,9 +182,10 @@ def main() -> None:
                     runs[name].append(run_once(algo, overrides, seed, Path(tmp)))
                 print(f"  done: {algo} seed {seed} ({time.time() - started:.0f} s)", flush=True)
             results[algo] = [summarize(name, runs[name], CAP_S[algo]) for name, _ in table]
+            hand[algo] = hand_layouts(table)
     for algo, rows in results.items():
         print_table(algo, rows)
-        print("\n".join(planned_vs_best_hand(rows)))
+        print("\n".join(planned_vs_best_hand(rows, hand[algo])))
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     try:

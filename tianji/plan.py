@@ -56,7 +56,7 @@ class Layout:
     env_steps_per_s: float
     actor_utilization: float
     learner_utilization: float
-    predicted_lag: float  # predicted max policy lag at the learner
+    max_lag: float  # predicted max policy lag at the learner
     idle_side: str
     chosen: bool = False
 
@@ -192,10 +192,10 @@ def choose(layouts: list[Layout], preferred_envs: int, max_policy_lag: float = m
     best = max(c.env_steps_per_s for c in layouts)
     fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
     pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
-                                    c.predicted_lag > max_policy_lag,
+                                    c.max_lag > max_policy_lag,
                                     -min(c.actors, per_core),
                                     abs(math.log2(c.envs_per_actor / preferred_envs)),
-                                    round(c.predicted_lag, 6), c.actors))
+                                    round(c.max_lag, 6), c.actors))
     return Layout(**{**asdict(pick), "chosen": True})
 
 
@@ -298,5 +298,5 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     for c in sorted(layouts, key=lambda c: (c.envs_per_actor, c.actors)):
         lines.append(f"  {'*' if c.chosen else ' ':2}{c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
                      f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
-                     f"{c.predicted_lag:>7.1f}  {c.idle_side}")
+                     f"{c.max_lag:>7.1f}  {c.idle_side}")
     return "\n".join(lines)
