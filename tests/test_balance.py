@@ -61,13 +61,15 @@ def test_rate_limiter_records_blocked_time_per_side_with_a_fake_clock():
     assert limiter.blocked_s == {"insert": 2.0, "sample": 3.0}
 
 
-def test_lag_stats_histogram_and_bound():
+def test_lag_stats_keep_trained_and_dropped_fragments_apart():
     lag = LagStats(max_policy_lag=2)
     assert [lag.admit(5, v) for v in (5, 4, 3, 2, 7)] == [True, True, True, False, True]
     assert lag.dropped == 1
-    assert dict(lag.histogram) == {0: 2, 1: 1, 2: 1, 3: 1}  # a fragment from a newer version counts as lag 0
-    assert lag.take_window() == [0, 1, 2, 3, 0] and lag.take_window() == []
-    assert lag.summary() == {"policy_lag_min": 0, "policy_lag_mean": 6 / 5, "policy_lag_max": 3}
+    assert dict(lag.trained) == {0: 2, 1: 1, 2: 1}  # a fragment from a newer version counts as lag 0
+    assert dict(lag.dropped_lags) == {3: 1}
+    assert lag.take_window() == ([0, 1, 2, 0], [3]) and lag.take_window() == ([], [])
+    # the summary is of the fragments trained on: never over the bound
+    assert lag.summary() == {"policy_lag_min": 0, "policy_lag_mean": 3 / 4, "policy_lag_max": 2}
 
 
 def fragment(version: int, env_steps: int = 10) -> Fragment:
@@ -135,4 +137,4 @@ def test_without_backpressure_the_learner_queues_everything_and_lag_grows():
         learner.update()
     assert learner.version == 5 and not learner.backlog
     # lag is measured when a fragment leaves the backlog to be trained on: 0, 1, 2, 3, 4
-    assert learner.lag.take_window() == [0, 1, 2, 3, 4]
+    assert learner.lag.take_window() == ([0, 1, 2, 3, 4], [])

@@ -1,19 +1,23 @@
-"""The learner process over real sockets: hello, fragments via shared memory, malformed input, stop."""
+"""Role processes over real sockets, each against a fake peer: hello, credits, fragments via shared
+memory, malformed input, lag-aware credits, learner restarts (epochs), stop."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import secrets
 import time
 
 import numpy as np
+import pytest
 import zmq
 
-from tianji.config import BalanceConfig
-from tianji.runtime.local import Endpoints, learner_main
+from tianji.config import BalanceConfig, SupervisionConfig
+from tianji.runtime.links import Endpoints
+from tianji.runtime.roles import actor_main, learner_main
 from tianji.runtime.run import RunContext
 from tianji.shm import SlotWriter, pool_path, remove_pools
-from tianji.wire import decode, pack_header, unpack_header
+from tianji.wire import decode, encode, pack_header, unpack_header
 
 
 def bound(ctx, kind, endpoint):
@@ -36,56 +40,94 @@ def recv_until(sock, predicate, timeout_ms=20_000):
     raise AssertionError("expected message did not arrive")
 
 
-def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp_path):
-    cfg = tiny_config().model_copy(update={"balance": BalanceConfig(max_policy_lag=1)})
-    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
-    token = secrets.token_hex(4)
+def kind_is(kind):
+    return lambda frames: unpack_header(frames[0])["kind"] == kind
+
+
+def quiet_driver_config(cfg, **balance):
+    """No driver sends heartbeats in these tests: a long driver timeout keeps the role running."""
+    return cfg.model_copy(update={"supervision": SupervisionConfig(driver_timeout_s=600),
+                                  "balance": BalanceConfig(**balance)})
+
+
+@pytest.fixture
+def wiring(tmp_path):
+    token = f"{secrets.token_hex(4)}p{os.getpid()}"
     endpoints = Endpoints.ipc(token)
     ctx = zmq.Context()
+    yield token, endpoints, ctx
+    remove_pools(token)
+    ctx.destroy(linger=0)
+    for path in endpoints.ipc_paths():
+        path.unlink(missing_ok=True)
+
+
+def stop_role(process, control):
+    for _ in range(50):
+        control.send(pack_header({"kind": "stop"}))
+        process.join(0.1)
+        if not process.is_alive():
+            return
+    process.kill()
+
+
+def ppo_fragment(cfg):
+    T, k = cfg.topology.fragment_length, cfg.topology.envs_per_actor
+    return {
+        "obs": np.zeros((T, k, 4), np.float32), "action": np.zeros((T, k), np.int64),
+        "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
+        "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
+        "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool),
+        "bootstrap_value": np.zeros(k, np.float32),
+    }
+
+
+def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp_path, wiring):
+    token, endpoints, ctx = wiring
+    cfg = quiet_driver_config(tiny_config(), max_policy_lag=1)
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
     events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
-    process = start(learner_main, run, endpoints, token)
+    process = start(learner_main, run, endpoints, token, os.getpid())
     link = ctx.socket(zmq.DEALER)
     link.connect(endpoints.fragments)
     writer = SlotWriter(pool_path(token, "actor0"), slots=2)
-    try:
-        link.send(pack_header({"kind": "hello", "actor": 0}))
-        header, weights = decode(recv_until(link, lambda f: unpack_header(f[0])["kind"] == "weights"))
-        assert header["version"] == 0 and "pi.0.weight" in weights
 
-        # malformed: garbage bytes, unknown kind, a path outside the run, a header with a bad field
+    def next_credit():
+        return decode(recv_until(link, kind_is("credit")))[0]
+
+    def send_fragment(slot, seq, version):
+        header = writer.write(slot, ppo_fragment(cfg))
+        header.update(kind="fragment", actor=0, seq=seq, version=version, env_steps=64, epoch=0)
+        link.send(pack_header(header))
+
+    try:
+        link.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
+        header, weights = decode(recv_until(link, kind_is("weights")))
+        assert header["version"] == 0 and header["epoch"] == 0 and "pi.0.weight" in weights
+        # the learner owns the slots and grants both: one in flight is worth one version, within the bound 1
+        assert {next_credit()["slot"], next_credit()["slot"]} == {0, 1}
+
+        # malformed: garbage bytes, unknown kind, a path outside the run, a slot that was not granted
         link.send(b"\x00\xffnot msgpack")
         link.send(pack_header({"kind": "surprise"}))
         link.send(pack_header({"kind": "fragment", "shm": "/etc/passwd", "slot": 0, "slot_bytes": 64,
-                               "fields": [], "actor": 0, "seq": 0, "version": 0, "env_steps": 1}))
-        credit = decode(recv_until(link, lambda f: True))[0]
-        assert credit["kind"] == "credit" and credit["slot"] == 0  # a rejected notice still returns its credit
+                               "fields": [], "actor": 0, "seq": 0, "version": 0, "env_steps": 1, "epoch": 0}))
+        assert next_credit()["slot"] == 0  # a rejected notice still gives its slot back
+        link.send(pack_header({"kind": "fragment", "shm": str(writer.path), "slot": 7, "slot_bytes": 64,
+                               "fields": [], "actor": 0, "seq": 0, "version": 0, "env_steps": 1, "epoch": 0}))
 
-        # a well-formed fragment still trains the learner
-        T, k = cfg.topology.fragment_length, cfg.topology.envs_per_actor
-        arrays = {
-            "obs": np.zeros((T, k, 4), np.float32), "action": np.zeros((T, k), np.int64),
-            "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
-            "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
-            "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool),
-            "bootstrap_value": np.zeros(k, np.float32),
-        }
-        header = writer.write(1, arrays)
-        header.update(kind="fragment", actor=0, seq=1, version=0, env_steps=T * k)
-        link.send(pack_header(header))
-        assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
-
-        # after two updates, a fragment from version 0 is over max_policy_lag=1: dropped, credit returned
-        header = writer.write(1, arrays)
-        header.update(kind="fragment", actor=0, seq=2, version=1, env_steps=T * k)
-        link.send(pack_header(header))
-        assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
+        # a well-formed fragment trains the learner and its slot comes back
+        send_fragment(slot=1, seq=1, version=0)
+        assert next_credit()["slot"] == 1
+        send_fragment(slot=0, seq=2, version=1)
+        assert next_credit()["slot"] == 0
         time.sleep(0.5)
-        header.update(seq=3, version=0)
-        link.send(pack_header(header))
-        assert decode(recv_until(link, lambda f: True))[0]["slot"] == 1
+        # after two updates, a fragment from version 0 is over max_policy_lag=1: dropped, its slot returned
+        send_fragment(slot=1, seq=3, version=0)
+        assert next_credit()["slot"] == 1
 
         seen = {"bad_messages": 0, "updates": 0, "dropped": 0}
-        while not (seen["bad_messages"] >= 3 and seen["updates"] >= 2 and seen["dropped"] >= 1):
+        while not (seen["bad_messages"] >= 4 and seen["updates"] >= 2 and seen["dropped"] >= 1):
             assert events.poll(20_000), f"learner events stopped: {seen}"
             event = unpack_header(events.recv())
             for key in seen:
@@ -107,63 +149,136 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         if process.is_alive():
             process.kill()
         writer.close()
-        remove_pools(token)
-        ctx.destroy(linger=0)
-        for path in endpoints.ipc_paths():
-            path.unlink(missing_ok=True)
 
 
-def test_actor_never_exceeds_its_credits(tiny_config, tmp_path):
-    """A fake learner that withholds credits gets exactly max_inflight fragments, then one per credit."""
-    from tianji.runtime.local import actor_main
-    from tianji.wire import encode
-
-    cfg = tiny_config()
+def test_learner_ignores_notices_of_an_earlier_incarnation(tiny_config, tmp_path, wiring):
+    token, endpoints, ctx = wiring
+    cfg = quiet_driver_config(tiny_config())
     run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
-    token = secrets.token_hex(4)
-    endpoints = Endpoints.ipc(token)
-    ctx = zmq.Context()
-    router = bound(ctx, zmq.ROUTER, endpoints.fragments)
-    bound(ctx, zmq.PUB, endpoints.weights)
-    bound(ctx, zmq.PULL, endpoints.events)
-    control = bound(ctx, zmq.PUB, endpoints.control)
-    process = start(actor_main, run, endpoints, token, 0)
+    events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
+    process = start(learner_main, run, endpoints, token, os.getpid(), 3)  # third restart: epoch 3
+    link = ctx.socket(zmq.DEALER)
+    link.connect(endpoints.fragments)
+    writer = SlotWriter(pool_path(token, "actor0"), slots=2)
     try:
+        link.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
+        assert decode(recv_until(link, kind_is("weights")))[0]["epoch"] == 3
+        credit = decode(recv_until(link, kind_is("credit")))[0]
+        assert credit["epoch"] == 3
+        header = writer.write(credit["slot"], ppo_fragment(cfg))
+        header.update(kind="fragment", actor=0, seq=0, version=0, env_steps=64, epoch=2)
+        link.send(pack_header(header))
+        stale = 0
+        deadline = time.time() + 20
+        while stale < 1 and time.time() < deadline:
+            if events.poll(200):
+                event = unpack_header(events.recv())
+                stale += event.get("stale_notices", 0)
+                assert event.get("updates", 0) == 0
+        assert stale == 1
+    finally:
+        stop_role(process, control)
+        writer.close()
+
+
+class FakeLearner:
+    """The learner's side of an actor's links: answers hello, grants credits, publishes weights."""
+
+    def __init__(self, ctx, endpoints, cfg):
         from tianji.runtime.build import build_learner
 
-        weights = build_learner(cfg).weights()
-        identity, hello = router.recv_multipart()
-        assert unpack_header(hello)["kind"] == "hello"
-        router.send_multipart([identity, *encode({"kind": "weights", "version": 0}, weights)])
+        self.router = bound(ctx, zmq.ROUTER, endpoints.fragments)
+        self.publisher = bound(ctx, zmq.PUB, endpoints.weights)
+        self.weights = build_learner(cfg).weights()
+        self.identity = None
 
-        def notices_within(seconds):
-            got = []
-            deadline = time.time() + seconds
-            while time.time() < deadline:
-                if router.poll(50):
-                    got.append(unpack_header(router.recv_multipart()[1]))
-            return got
+    def answer_hello(self, epoch=0, version=0):
+        identity, hello = self.router.recv_multipart()
+        assert unpack_header(hello) == {"kind": "hello", "actor": 0, "slots": 2}
+        self.identity = identity
+        self.router.send_multipart([identity, *encode({"kind": "weights", "version": version, "epoch": epoch},
+                                                       self.weights)])
 
-        first = notices_within(3.0)
-        assert len(first) == cfg.balance.max_inflight
-        assert sorted(h["slot"] for h in first) == list(range(cfg.balance.max_inflight))
-        assert [h["seq"] for h in first] == list(range(cfg.balance.max_inflight))
+    def reply_weights(self, epoch, version):
+        self.router.send_multipart([self.identity, *encode({"kind": "weights", "version": version, "epoch": epoch},
+                                                            self.weights)])
+
+    def credit(self, slot, min_version=0, epoch=0):
+        self.router.send_multipart([self.identity, pack_header(
+            {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
+
+    def publish(self, version, epoch=0):
+        self.publisher.send_multipart(encode({"kind": "weights", "version": version, "epoch": epoch}, self.weights))
+
+    def notices_within(self, seconds):
+        got = []
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.router.poll(50):
+                header = unpack_header(self.router.recv_multipart()[1])
+                if header["kind"] == "fragment":
+                    got.append(header)
+        return got
+
+
+def test_actor_fills_only_granted_slots_with_weights_new_enough(tiny_config, tmp_path, wiring):
+    """No credit, no fragment; a credit asking for newer weights waits for them; a restarted learner
+    (new epoch) owns every slot again, so credits of the old one are void."""
+    token, endpoints, ctx = wiring
+    cfg = quiet_driver_config(tiny_config())
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    learner = FakeLearner(ctx, endpoints, cfg)
+    bound(ctx, zmq.PULL, endpoints.events)
+    control = bound(ctx, zmq.PUB, endpoints.control)
+    process = start(actor_main, run, endpoints, token, os.getpid(), 0)
+    try:
+        learner.answer_hello()
+        assert learner.notices_within(1.0) == []  # the learner holds every slot until it grants one
+
+        learner.credit(0)
+        learner.credit(1)
+        first = learner.notices_within(3.0)
+        assert sorted(h["slot"] for h in first) == [0, 1] and [h["seq"] for h in first] == [0, 1]
+        assert all(h["epoch"] == 0 and h["version"] == 0 for h in first)
         # each actor process has its own slot file, so a restarted actor never rewrites slots its
         # dead predecessor announced
         assert first[0]["shm"].endswith(f"-actor0-pid{process.pid}")
-        router.send_multipart([identity, pack_header({"kind": "credit", "slot": first[0]["slot"]})])
-        more = notices_within(2.0)
-        assert len(more) == 1 and more[0]["slot"] == first[0]["slot"]
+
+        learner.credit(0, min_version=5)  # lag-aware: start only with weights of version 5 or newer
+        assert learner.notices_within(1.0) == []
+        learner.publish(version=4)
+        assert learner.notices_within(1.0) == []
+        learner.publish(version=5)
+        [notice] = learner.notices_within(2.0)
+        assert notice["slot"] == 0 and notice["version"] == 5
+
+        learner.reply_weights(epoch=1, version=2)  # a restarted learner, from an older checkpoint
+        learner.credit(1, epoch=0)  # void: from the learner before the restart
+        assert learner.notices_within(1.0) == []
+        learner.credit(1, epoch=1)
+        [notice] = learner.notices_within(2.0)
+        assert notice["slot"] == 1 and notice["epoch"] == 1 and notice["version"] == 2
     finally:
-        for _ in range(20):
-            control.send(pack_header({"kind": "stop"}))
-            process.join(0.1)
-            if not process.is_alive():
-                break
+        stop_role(process, control)
+    assert process.exitcode == 0
+
+
+def test_role_exits_when_the_driver_falls_silent(tiny_config, tmp_path, wiring):
+    token, endpoints, ctx = wiring
+    cfg = tiny_config().model_copy(update={"supervision": SupervisionConfig(driver_timeout_s=1.0)})
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    learner = FakeLearner(ctx, endpoints, cfg)
+    bound(ctx, zmq.PULL, endpoints.events)
+    control = bound(ctx, zmq.PUB, endpoints.control)
+    process = start(actor_main, run, endpoints, token, os.getpid(), 0)
+    try:
+        learner.answer_hello()
+        for _ in range(10):  # heartbeats keep it alive
+            control.send(pack_header({"kind": "heartbeat"}))
+            time.sleep(0.2)
+        assert process.is_alive()
+        process.join(5)  # silence: it exits within the timeout
+        assert not process.is_alive() and process.exitcode == 0
+    finally:
         if process.is_alive():
             process.kill()
-        remove_pools(token)
-        ctx.destroy(linger=0)
-        for path in endpoints.ipc_paths():
-            path.unlink(missing_ok=True)
-    assert process.exitcode == 0

@@ -23,9 +23,33 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_ENV_ID = "CartPole-v1"
+
+
 class EnvConfig(_Section):
-    id: str = Field("CartPole-v1", description="Gymnasium environment id, e.g. CartPole-v1.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to gymnasium.make.")
+    id: str | None = Field(
+        None, description="Gymnasium environment id (CartPole-v1), or 'module:EnvId' for your own environment: the "
+        "module is imported first (in every process) so that its gymnasium.register calls run. "
+        f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.")
+    entry_point: str | None = Field(
+        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
+        "env.kwargs; for environments that are not registered. Set this or env.id, not both.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make "
+                                   "(registered ids) or for the env.entry_point factory.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("id") is not None and data.get("entry_point") is not None:
+                raise ValueError("set env.id or env.entry_point, not both")
+            if data.get("id") is None and data.get("entry_point") is None:
+                data = {**data, "id": DEFAULT_ENV_ID}
+        return data
+
+    def describe(self) -> str:
+        return f"env.id {self.id!r}" if self.id is not None else f"env.entry_point {self.entry_point!r}"
 
 
 class PPOConfig(_Section):
@@ -121,6 +145,17 @@ class LoggingConfig(_Section):
     tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
 
 
+class SupervisionConfig(_Section):
+    max_actor_restarts: int = Field(10, ge=0, description="Restarts of dead or silent actors and evaluator over "
+                                    "the run before it is stopped as failed.")
+    max_learner_restarts: int = Field(3, ge=0, description="Restarts of the learner (from the last checkpoint; "
+                                      "actors reconnect) before the run is stopped as failed.")
+    heartbeat_timeout_s: float = Field(60.0, gt=0, description="A role that sends no event for this long (hung env, "
+                                       "deadlock) is killed and replaced.")
+    driver_timeout_s: float = Field(5.0, gt=0, description="A role that hears nothing from the driver for this long "
+                                    "exits: the driver is gone (killed, OOM, closed session).")
+
+
 class CheckpointConfig(_Section):
     interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
 
@@ -136,6 +171,8 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Greedy evaluation.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and console output.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    supervision: SupervisionConfig = Field(default_factory=SupervisionConfig,
+                                           description="Role restarts and failure detection.")
 
     @model_validator(mode="after")
     def _eval_target_needs_eval(self) -> "Config":

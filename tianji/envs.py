@@ -1,19 +1,92 @@
-"""Gymnasium environments, vectorized per actor."""
+"""Environments, vectorized per actor: Gymnasium ids (the user's own too) and plain factories.
+
+Three ways to name an environment in `env`:
+
+    id: CartPole-v1                        # registered with Gymnasium
+    id: "myenvs:GridWalk-v0"               # import `myenvs` first (its gymnasium.register calls run)
+    entry_point: "myenvs:GridWalk"         # a class or function returning a gymnasium.Env, with env.kwargs
+
+Every process that builds envs resolves the config itself (importing the module), so roles
+started fresh rather than forked, or on other machines, find the user's environment too.
+Mistakes raise `ConfigError` naming the field and what was expected.
+"""
 
 from __future__ import annotations
+
+import importlib
+from functools import partial
+from typing import Any, Callable
 
 import gymnasium as gym
 
 from tianji.config import ConfigError, EnvConfig
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise ConfigError naming `env.id` when Gymnasium does not know the id."""
+def _import_module(module: str, field: str) -> Any:
     try:
-        gym.spec(env_id)
+        return importlib.import_module(module)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise ConfigError(f"{field}: cannot import module {module!r} ({type(exc).__name__}: {exc}); "
+                          "is it installed or on PYTHONPATH?") from None
+
+
+def _ids_registered_by(module: str) -> list[str]:
+    def origin(spec: Any) -> str:
+        entry = spec.entry_point
+        return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+
+    return sorted(env_id for env_id, spec in gym.registry.items()
+                  if origin(spec) == module or origin(spec).startswith(module + "."))
+
+
+def registered_spec(env_id: str) -> Any:
+    """The Gymnasium spec of `env_id`, importing the module first in the `module:EnvId` form."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        _import_module(module, "env.id")
+    try:
+        return gym.spec(name)
     except gym.error.Error as exc:
+        if module:
+            theirs = _ids_registered_by(module)
+            found = f"it registered {', '.join(theirs)}" if theirs else "it registered none (call gymnasium.register at import)"
+            raise ConfigError(f"env.id: module {module!r} was imported but registered no environment {name!r}; "
+                              f"{found}") from None
         known = ", ".join(sorted(k for k in gym.registry if "/" not in k)[:8])
-        raise ConfigError(f"env.id: unknown Gymnasium environment {env_id!r} ({exc}); e.g. {known}, ...") from None
+        raise ConfigError(f"env.id: unknown Gymnasium environment {env_id!r} ({exc}); e.g. {known}, ...; "
+                          "for your own environment use 'module:EnvId' or env.entry_point") from None
+
+
+def env_factory(entry_point: str) -> Callable[..., Any]:
+    """The callable named by `package.module:attribute` (dots in the attribute reach nested names)."""
+    module, _, attribute = entry_point.partition(":")
+    target: Any = _import_module(module, "env.entry_point")
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"env.entry_point: module {module!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"env.entry_point: {entry_point!r} is a {type(target).__name__}, expected a class or "
+                          "function returning a gymnasium.Env")
+    return target
+
+
+def _make_from_factory(factory: Callable[..., Any], kwargs: dict[str, Any], entry_point: str) -> gym.Env:
+    try:
+        env = factory(**kwargs)
+    except Exception as exc:
+        raise ConfigError(f"env.entry_point: {entry_point}(**env.kwargs) raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(env, gym.Env):
+        raise ConfigError(f"env.entry_point: {entry_point!r} returned a {type(env).__name__}, expected a gymnasium.Env")
+    return env
+
+
+def check_env(cfg: EnvConfig) -> None:
+    """Resolve the env config (imports included) without building an env; raises ConfigError."""
+    if cfg.entry_point is not None:
+        env_factory(cfg.entry_point)
+    else:
+        registered_spec(cfg.id)
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
@@ -22,13 +95,19 @@ def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     Every vector env here resets a finished sub-env on the *next* step (Gymnasium's
     default), which is the convention the actor's recording relies on.
     """
-    check_env_id(cfg.id)
-    spec = gym.spec(cfg.id)
-    mode = "vector_entry_point" if spec.vector_entry_point is not None and not cfg.kwargs else "sync"
-    envs = gym.make_vec(cfg.id, num_envs=num_envs, vectorization_mode=mode, **cfg.kwargs)
+    if cfg.entry_point is not None:
+        factory = env_factory(cfg.entry_point)
+        envs = gym.vector.SyncVectorEnv([partial(_make_from_factory, factory, cfg.kwargs, cfg.entry_point)] * num_envs)
+    else:
+        spec = registered_spec(cfg.id)
+        mode = "vector_entry_point" if spec.vector_entry_point is not None and not cfg.kwargs else "sync"
+        try:
+            envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **cfg.kwargs)
+        except TypeError as exc:  # an unexpected keyword argument
+            raise ConfigError(f"env.kwargs: {spec.id} does not take {cfg.kwargs} ({exc})") from None
     autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
     if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
-        raise ValueError(f"env {cfg.id}: vector env autoreset mode {autoreset}, expected NEXT_STEP")
+        raise ConfigError(f"{cfg.describe()}: vector env autoreset mode {autoreset}, expected NEXT_STEP")
     return envs
 
 

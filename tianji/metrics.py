@@ -39,7 +39,8 @@ class Monitor:
         self.episodes = int(r.get("episodes", 0))
         self.returns: deque[float] = deque(r.get("returns", []), maxlen=WINDOW)
         self.lengths: deque[int] = deque(r.get("lengths", []), maxlen=WINDOW)
-        self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})
+        self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})  # trained
+        self.dropped_lag_hist: Counter = Counter({int(k): v for k, v in r.get("dropped_lag_hist", {}).items()})
         self.totals: Counter = Counter(r.get("totals", {}))
         self.target_reached = bool(r.get("target_reached", False))
         self.time_to_target_s = r.get("time_to_target_s")
@@ -85,7 +86,7 @@ class Monitor:
 
     def _on_learner(self, e: dict[str, Any]) -> None:
         self.version = int(e.get("version", self.version))
-        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages"):
+        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices"):
             self.totals[key] += int(e.get(key, 0))
         self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
         self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
@@ -95,6 +96,7 @@ class Monitor:
         lags = [int(x) for x in e.get("lags", [])]
         self.lag_hist.update(lags)
         self._window_lags.extend(lags)
+        self.dropped_lag_hist.update(int(x) for x in e.get("dropped_lags", []))
         self.train_stats.update(e.get("stats", {}))
 
     def _on_eval(self, e: dict[str, Any]) -> None:
@@ -205,11 +207,16 @@ class Monitor:
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "wall_time_s": round(self.elapsed(), 3),
-            **lag_summary(self.lag_hist),
+            **lag_summary(self.lag_hist),  # of the fragments trained on: never over balance.max_policy_lag
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
+            "fragments_trained": int(self.totals["fragments_consumed"]),
             "fragments_dropped": int(self.totals["dropped"]),
+            "dropped_fraction": self.totals["dropped"] / max(1, self.totals["dropped"] + self.totals["fragments_consumed"]),
+            "dropped_lag_histogram": {str(k): v for k, v in sorted(self.dropped_lag_hist.items())},
             "bad_messages": int(self.totals["bad_messages"]),
+            "stale_notices": int(self.totals["stale_notices"]),
             "role_restarts": int(self.totals["role_restarts"]),
+            "learner_restarts": int(self.totals["learner_restarts"]),
             "updates": int(self.totals["updates"]),
             "samples_trained": int(self.totals["samples_trained"]),
             "policy_version": self.version,
@@ -225,6 +232,7 @@ class Monitor:
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "lag_hist": {str(k): v for k, v in self.lag_hist.items()},
+            "dropped_lag_hist": {str(k): v for k, v in self.dropped_lag_hist.items()},
             "totals": dict(self.totals),
             "target_reached": self.target_reached,
             "time_to_target_s": self.time_to_target_s,

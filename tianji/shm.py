@@ -85,15 +85,27 @@ class SlotWriter:
 
 
 class SlotReader:
-    """Learner side: maps actors' slot files on demand and copies fragments out."""
+    """Learner side: maps actors' slot files on demand and copies fragments out.
 
-    def __init__(self, allowed_prefix: str):
+    Only files directly in the run's shared-memory folder whose names start with the run's
+    prefix are opened, never through a symbolic link: a notice cannot make the learner read
+    anything else.
+    """
+
+    def __init__(self, allowed_prefix: str, folder: Path | None = None):
         self.allowed_prefix = allowed_prefix
+        self.folder = (folder or shm_root()).resolve()
         self._maps: dict[str, mmap.mmap] = {}
+
+    def _is_ours(self, path: Any) -> bool:
+        if not isinstance(path, str):
+            return False
+        candidate = Path(path)
+        return candidate.name.startswith(self.allowed_prefix) and candidate.parent.resolve() == self.folder
 
     def read(self, header: Mapping[str, Any]) -> dict[str, np.ndarray]:
         path, slot, slot_bytes = header.get("shm"), header.get("slot"), header.get("slot_bytes")
-        if not (isinstance(path, str) and Path(path).name.startswith(self.allowed_prefix)):
+        if not self._is_ours(path):
             raise WireError(f"shared-memory path {path!r} is not one of this run's")
         if not (isinstance(slot, int) and isinstance(slot_bytes, int) and slot >= 0 and slot_bytes > 0):
             raise WireError("'slot' and 'slot_bytes' must be non-negative ints")
@@ -115,7 +127,7 @@ class SlotReader:
             if m is not None:
                 m.close()
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             except OSError as exc:
                 raise WireError(f"cannot open shared memory {path}: {exc.strerror}") from None
             try:

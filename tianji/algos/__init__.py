@@ -6,15 +6,15 @@ from tianji.algos.base import AlgoSpec
 
 
 def _ppo() -> AlgoSpec:
-    from tianji.algos.ppo import PPOLearner, PPOPolicy
+    from tianji.algos.ppo import PPOLearner, PPOPolicy, check_spaces
 
-    return AlgoSpec("ppo", PPOPolicy, PPOLearner)
+    return AlgoSpec("ppo", PPOPolicy, PPOLearner, check_spaces)
 
 
 def _dqn() -> AlgoSpec:
-    from tianji.algos.dqn import DQNLearner, DQNPolicy
+    from tianji.algos.dqn import DQNLearner, DQNPolicy, check_spaces
 
-    return AlgoSpec("dqn", DQNPolicy, DQNLearner)
+    return AlgoSpec("dqn", DQNPolicy, DQNLearner, check_spaces)
 
 
 _FACTORIES = {"ppo": _ppo, "dqn": _dqn}

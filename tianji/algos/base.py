@@ -1,10 +1,11 @@
 """The two small interfaces an algorithm implements; the runtime sees only these.
 
-An algorithm is an `AlgoSpec` in `tianji.algos.REGISTRY`:
+An algorithm is an `AlgoSpec` found through `tianji.algos.get_algo`:
 
     spec = get_algo("ppo")
     policy = spec.make_policy(cfg.algo, obs_space, act_space, Placement(actor_id, actors, envs))  # in each actor
     learner = spec.make_learner(cfg.algo, obs_space, act_space)  # in the learner
+    spec.check_spaces(obs_space, act_space)                      # ValueError if the algorithm cannot take them
     policy.load_weights(learner.weights())
 """
 
@@ -76,6 +77,7 @@ class AlgoSpec:
     name: str
     make_policy: Callable[[Any, Any, Any, Placement], ActorPolicy]
     make_learner: Callable[[Any, Any, Any], AlgoLearner]
+    check_spaces: Callable[[Any, Any], None]  # raises ValueError naming what the algorithm cannot take
 
 
 def module_weights(module: torch.nn.Module) -> Arrays:

@@ -89,13 +89,18 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor)
 # ------------------------------------------------------------------ network
 
 
+def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
+    """Raise ValueError unless DQN can take these spaces."""
+    if not isinstance(act_space, gym.spaces.Discrete):
+        raise ValueError(f"DQN needs a Discrete action space, got {act_space}")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"DQN needs a Box observation space, got {obs_space}")
+
+
 class QNetwork(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool):
         super().__init__()
-        if not isinstance(act_space, gym.spaces.Discrete):
-            raise ValueError(f"DQN needs a Discrete action space, got {act_space}")
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise ValueError(f"DQN needs a Box observation space, got {obs_space}")
+        check_spaces(obs_space, act_space)
         self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
         n_actions = int(act_space.n)
         obs_dim = int(np.prod(obs_space.shape))

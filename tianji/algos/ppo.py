@@ -87,23 +87,28 @@ def ppo_loss(
 # ------------------------------------------------------------------ network
 
 
+def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
+    """Raise ValueError unless PPO can take these spaces."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"PPO needs a Box observation space, got {obs_space}")
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise ValueError(f"PPO supports Discrete or Box action spaces, got {act_space}")
+
+
 class ActorCritic(nn.Module):
     """Separate policy and value MLPs; discrete (categorical) or box (diagonal Gaussian) actions."""
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int]):
         super().__init__()
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise ValueError(f"PPO needs a Box observation space, got {obs_space}")
+        check_spaces(obs_space, act_space)
         self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
         obs_dim = int(np.prod(obs_space.shape))
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         if self.discrete:
             out_dim = int(act_space.n)
-        elif isinstance(act_space, gym.spaces.Box):
+        else:
             out_dim = int(np.prod(act_space.shape))
             self.log_std = nn.Parameter(torch.zeros(out_dim))
-        else:
-            raise ValueError(f"PPO supports Discrete or Box action spaces, got {act_space}")
         self.pi = mlp([obs_dim, *hidden, out_dim])
         self.v = mlp([obs_dim, *hidden, 1])
         with torch.no_grad():  # small last layer: near-uniform initial policy

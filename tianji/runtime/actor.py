@@ -2,7 +2,7 @@
 
     actor = Actor(actor_id=0, envs=make_vector_env(cfg.env, 16), policy=policy, fragment_length=32, seed=0)
     fragment = actor.collect()          # 32 steps x 16 envs, stamped with actor.version
-    actor.set_weights(version, weights) # newest weights, applied between fragments
+    actor.set_weights(version, weights) # newest weights win, applied between fragments
 
 Recording convention (per row t, per env): `obs` seen, what the policy recorded
 (`action`, extras), `reward`, `terminated`, `done` (terminated or truncated), and
@@ -48,8 +48,9 @@ class Actor:
         self.busy_s = 0.0
         self._buffers: Arrays | None = None
 
-    def set_weights(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
-        if version >= self.version:
+    def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
+        """Newest weights win; `force` takes older ones too (a restarted learner counts from its checkpoint)."""
+        if force or version >= self.version:
             self.policy.load_weights(weights)
             self.version = version
 

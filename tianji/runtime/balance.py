@@ -1,38 +1,48 @@
-"""Staleness as data: policy-lag accounting and the bound that drops stale fragments."""
+"""Staleness as data: policy-lag accounting, the bound that drops stale fragments, lag-aware credits,
+and the rate limiter of off-policy training."""
 
 from __future__ import annotations
 
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
 @dataclass
 class LagStats:
-    """Lag (learner version - fragment version) of every fragment seen, consumed or dropped."""
+    """Lag (learner version - fragment version) of every fragment, trained on or dropped as too stale."""
 
     max_policy_lag: int
-    histogram: Counter = field(default_factory=Counter)
-    dropped: int = 0
-    # window since the last `take_window()`, for live metrics
+    trained: Counter = field(default_factory=Counter)  # lag -> fragments trained on
+    dropped_lags: Counter = field(default_factory=Counter)  # lag -> fragments dropped
+    # windows since the last `take_window()`, for live metrics
     _window: list[int] = field(default_factory=list)
+    _dropped_window: list[int] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.dropped_lags.values())
 
     def admit(self, learner_version: int, fragment_version: int) -> bool:
         """Record the lag; False when the fragment is over the bound and must be dropped."""
         lag = max(0, learner_version - fragment_version)
-        self.histogram[lag] += 1
-        self._window.append(lag)
         if lag > self.max_policy_lag:
-            self.dropped += 1
+            self.dropped_lags[lag] += 1
+            self._dropped_window.append(lag)
             return False
+        self.trained[lag] += 1
+        self._window.append(lag)
         return True
 
-    def take_window(self) -> list[int]:
-        window, self._window = self._window, []
-        return window
+    def take_window(self) -> tuple[list[int], list[int]]:
+        """Lags of the fragments trained on and dropped since the last call."""
+        window, dropped = self._window, self._dropped_window
+        self._window, self._dropped_window = [], []
+        return window, dropped
 
     def summary(self) -> dict[str, float]:
-        return lag_summary(self.histogram)
+        return lag_summary(self.trained)
 
 
 def lag_summary(histogram: Counter) -> dict[str, float]:
@@ -45,6 +55,86 @@ def lag_summary(histogram: Counter) -> dict[str, float]:
         "policy_lag_mean": sum(lag * n for lag, n in histogram.items()) / count,
         "policy_lag_max": max(histogram),
     }
+
+
+@dataclass
+class _ActorSlots:
+    identity: bytes
+    held: deque  # slots the learner holds: free, not granted yet
+    granted: set = field(default_factory=set)  # slots granted; their fragment has not arrived
+    last_grant: int = -1
+
+
+class CreditLedger:
+    """Lag-aware credits: which shared-memory slots each actor may fill, and with weights how new.
+
+    An actor's slots all start with the learner (on its hello), which grants them one at a time.
+    A fragment started now is trained on after the fragments already in flight (granted, not yet
+    received), each worth `versions_per_fragment` learner versions, so its expected lag is
+
+        lag = in_flight * versions_per_fragment + (learner version - version the actor starts with)
+
+    A slot is granted only while in_flight * versions_per_fragment <= max_policy_lag, with
+    `min_version` = version + in_flight * versions_per_fragment - max_policy_lag (at most the current
+    version, which the actor can always get: no deadlock); the actor waits for weights that new
+    before it starts the fragment. So actors never produce data destined to be dropped, and when
+    the bound is loose (or `lag_aware` is off) every slot is granted at once, as plain credits.
+
+        ledger = CreditLedger(max_policy_lag=2)
+        ledger.register(actor_id=0, identity=b"a0", slots=2)
+        ledger.grant(version=0, versions_per_fragment=1.0)   # [(b"a0", 0, 0), (b"a0", 1, 0)]
+        ledger.receive(b"a0", 0)                             # True: the notice may be read, slot 0 is held again
+    """
+
+    def __init__(self, max_policy_lag: float, lag_aware: bool = True):
+        self.max_policy_lag = max_policy_lag
+        self.lag_aware = lag_aware
+        self.actors: dict[int, _ActorSlots] = {}
+        self._by_identity: dict[bytes, _ActorSlots] = {}
+        self._grants = 0
+
+    def register(self, actor_id: int, identity: bytes, slots: int) -> None:
+        """An actor said hello: the learner holds all its slots. A restarted actor (same id, new
+        identity) replaces its predecessor, whose grants are forgotten."""
+        if identity in self._by_identity:
+            return  # a repeated hello
+        old = self.actors.get(actor_id)
+        if old is not None:
+            del self._by_identity[old.identity]
+        self.actors[actor_id] = self._by_identity[identity] = _ActorSlots(identity, deque(range(slots)))
+
+    def in_flight(self) -> int:
+        return sum(len(a.granted) for a in self.actors.values())
+
+    def receive(self, identity: bytes, slot: object) -> bool:
+        """A fragment notice arrived. True when `slot` was granted to this actor: the slot is held by
+        the learner again (read it before the next `grant`). False: not ours to read (unknown or
+        replaced actor, or a slot never granted)."""
+        actor = self._by_identity.get(identity)
+        if actor is None or slot not in actor.granted:
+            return False
+        actor.granted.discard(slot)
+        actor.held.append(slot)
+        return True
+
+    def grant(self, version: int, versions_per_fragment: float) -> list[tuple[bytes, int, int]]:
+        """Slots to grant now, as (identity, slot, min_version); fewest-in-flight actors first."""
+        grants = []
+        while True:
+            waiting = [a for a in self.actors.values() if a.held]
+            if not waiting:
+                return grants
+            in_flight = self.in_flight()
+            expected_lag = in_flight * versions_per_fragment
+            if self.lag_aware and in_flight > 0 and expected_lag > self.max_policy_lag:
+                return grants
+            actor = min(waiting, key=lambda a: (len(a.granted), a.last_grant))
+            slot = actor.held.popleft()
+            actor.granted.add(slot)
+            self._grants += 1
+            actor.last_grant = self._grants
+            room = math.ceil(version + expected_lag - self.max_policy_lag - 1e-9) if self.lag_aware else 0
+            grants.append((actor.identity, slot, max(0, min(version, room))))
 
 
 class RateLimiter:

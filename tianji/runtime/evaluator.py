@@ -27,10 +27,13 @@ class Evaluator:
         self.busy_s = 0.0
         self.bad_messages = 0
 
-    def set_weights(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
-        if version > self.version:
+    def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
+        """Newer weights win; `force` takes any (a restarted learner counts from its checkpoint)."""
+        if force or version > self.version:
             self.policy.load_weights(weights)
             self.version = version
+            if force:
+                self.evaluated_version = -1
 
     def has_new_weights(self) -> bool:
         return self.version > self.evaluated_version

@@ -29,7 +29,7 @@ class ActorReporter:
         a = self.actor
         counts = {"env_steps": a.seq * a.T * a.k, "fragments": a.seq, "busy_s": a.busy_s, "wait_s": self.wait_s,
                   "bad_messages": self.bad_messages}
-        return {"kind": "actor", "id": a.actor_id, "episodes": a.drain_episodes(), **self._deltas(counts)}
+        return {"kind": "actor", "role": f"actor{a.actor_id}", "id": a.actor_id, "episodes": a.drain_episodes(), **self._deltas(counts)}
 
 
 class LearnerReporter:
@@ -37,6 +37,7 @@ class LearnerReporter:
         self.learner = learner
         self.wait_s = 0.0
         self.bad_messages = 0
+        self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
         self._deltas = _Deltas()
         self._deltas(self._counts())  # a resumed learner starts from its restored counters
 
@@ -50,16 +51,20 @@ class LearnerReporter:
             "busy_s": lr.busy_s,
             "wait_s": self.wait_s,
             "bad_messages": self.bad_messages,
+            "stale_notices": self.stale_notices,
             "insert_blocked_s": lr.limiter.blocked_s["insert"],
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }
 
     def event(self) -> dict[str, Any]:
         lr = self.learner
+        trained, dropped = lr.lag.take_window()
         return {
             "kind": "learner",
+            "role": "learner",
             "version": lr.version,
-            "lags": lr.lag.take_window(),
+            "lags": trained,
+            "dropped_lags": dropped,
             "stats": dict(lr.last_stats),
             "replay_ratio": lr.limiter.ratio(),
             **self._deltas(self._counts()),

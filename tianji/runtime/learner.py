@@ -20,6 +20,8 @@ from tianji.algos.base import AlgoLearner, Arrays
 from tianji.runtime.actor import Fragment
 from tianji.runtime.balance import LagStats, RateLimiter
 
+VERSIONS_EMA = 0.2
+
 
 class Learner:
     def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None,
@@ -35,6 +37,10 @@ class Learner:
         self.busy_s = 0.0
         self.last_stats: dict[str, float] = {}
         self.backlog: deque[Fragment] = deque()  # only without back-pressure
+        # learner versions between two fragments taken, averaged: what one fragment in flight adds to the
+        # lag of the next (1 for PPO with one fragment per batch; updates per fragment for DQN)
+        self.versions_per_fragment = 1.0
+        self._version_at_last_admit: int | None = None
 
     def consume(self, fragment: Fragment) -> bool:
         """Take a fragment: into the algorithm's buffer now, unless its policy lag is over the bound.
@@ -55,6 +61,10 @@ class Learner:
             self.limiter.inserted(fragment.env_steps)
         self.algo.add(fragment.arrays)
         self.fragments_consumed += 1
+        if self._version_at_last_admit is not None:
+            step = self.version - self._version_at_last_admit
+            self.versions_per_fragment += VERSIONS_EMA * (step - self.versions_per_fragment)
+        self._version_at_last_admit = self.version
         self.busy_s += time.perf_counter() - start
         return True
 

@@ -12,8 +12,9 @@ from typing import Any
 
 from tianji import __version__
 from tianji.checkpoint import load_driver, save_driver
-from tianji.config import Config, build_config, to_yaml
-from tianji.envs import check_env_id
+from tianji.algos import get_algo
+from tianji.config import Config, ConfigError, build_config, to_yaml
+from tianji.envs import env_spaces
 from tianji.plan import needs_plan, resolve_layout
 
 LAUNCHERS = ("local", "inline")
@@ -72,6 +73,16 @@ def _write_meta(run: RunContext, launcher: str) -> None:
     (run.run_dir / name).write_text(json.dumps(meta, indent=2))
 
 
+def check_env_and_algo(cfg: Config) -> None:
+    """Fail before anything starts when the env cannot be built or the algorithm cannot take its spaces.
+    Builds one env here, so the user's module is imported in the driver as well as in every role."""
+    obs_space, act_space = env_spaces(cfg.env)
+    try:
+        get_algo(cfg.algo.name).check_spaces(obs_space, act_space)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.env.describe()}: algo.name {cfg.algo.name!r} cannot train on it: {exc}") from None
+
+
 def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
           resume: str | None = None, t0: float | None = None) -> tuple[Path, dict[str, Any]]:
     """Run training to a stop condition; returns the run directory and its summary."""
@@ -80,7 +91,7 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
     t0 = time.time() if t0 is None else t0
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher: expected one of {LAUNCHERS}, got {launcher!r}")
-    check_env_id(cfg.env.id)
+    check_env_and_algo(cfg)
     plan_record = None
     if needs_plan(cfg):  # `auto` layout: measured (or cached for this machine and config) before anything starts
         cfg, plan_record = resolve_layout(cfg)

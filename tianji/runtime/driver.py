@@ -1,0 +1,137 @@
+"""The driver's side of a run, the same under every launcher that starts roles as processes:
+aggregate role events, check stop conditions, replace dead or silent roles, stop everything.
+It never touches sample data.
+
+A launcher provides the roles (`Roles`): where they run and how they start is its business.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Protocol
+
+import zmq
+
+from tianji.checkpoint import save_driver
+from tianji.metrics import Monitor
+from tianji.runtime.links import HEARTBEAT_INTERVAL_S, log, log_rejected
+from tianji.runtime.run import RunContext
+from tianji.wire import WireError, pack_header, unpack_header
+
+STOP_GRACE_S = 20.0
+LEARNER = "learner"
+
+
+class RoleError(RuntimeError):
+    """A role failed in a way the driver cannot repair."""
+
+
+class Roles(Protocol):
+    """The role processes of a run, as a launcher placed them."""
+
+    learner_epoch: int  # incarnation of the learner: 0, then +1 per restart
+
+    def names(self) -> list[str]:
+        """'learner', 'actor0', ..., 'evaluator'."""
+
+    def alive(self, name: str) -> bool: ...
+
+    def exitcode(self, name: str) -> int | None: ...
+
+    def restart(self, name: str) -> None:
+        """Kill the role if it still runs and start a new one (the learner with the next epoch)."""
+
+    def stop_all(self) -> None:
+        """Make sure every role is gone (after they were asked to stop)."""
+
+
+class _Supervisor:
+    def __init__(self, run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: Roles):
+        self.run, self.monitor, self.events, self.control, self.roles = run, monitor, events, control, roles
+        self.started = time.time()
+        self.last_seen: dict[str, float] = {}  # role -> time of its last event
+        self.rejected = 0
+
+    def drain_events(self, timeout_ms: int) -> None:
+        if not self.events.poll(timeout_ms):
+            return
+        while self.events.poll(0):
+            try:
+                event = unpack_header(self.events.recv())
+            except WireError as exc:
+                self.rejected += 1
+                self.monitor.totals["bad_messages"] += 1
+                log_rejected("driver", self.rejected, exc)
+                continue
+            self._handle(event)
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        if isinstance(event.get("role"), str):
+            self.last_seen[event["role"]] = time.time()
+        kind = event["kind"]
+        if kind == "checkpoint":
+            save_driver(self.run.checkpoint_dir, self.monitor.state())
+        elif kind == "error":
+            log.error("%s failed:\n%s", event.get("role"), event.get("message"))
+        else:
+            self.monitor.on_event(event)
+
+    def check_roles(self) -> None:
+        limits = self.run.cfg.supervision
+        now = time.time()
+        for name in self.roles.names():
+            silent_s = now - self.last_seen.get(name, self.started)
+            if self.roles.alive(name) and silent_s < limits.heartbeat_timeout_s:
+                continue
+            counter, limit = (("learner_restarts", limits.max_learner_restarts) if name == LEARNER
+                              else ("role_restarts", limits.max_actor_restarts))
+            self.monitor.totals[counter] += 1
+            if self.monitor.totals[counter] > limit:
+                raise RoleError(f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
+                                f"last exit code {self.roles.exitcode(name)}")
+            if self.roles.alive(name):
+                log.warning("%s sent no event for %.0f s; replacing it", name, silent_s)
+            else:
+                log.warning("%s exited with code %s; restarting it", name, self.roles.exitcode(name))
+            self.roles.restart(name)
+            self.last_seen[name] = time.time()
+            if name == LEARNER:  # actors and evaluator say hello to the new learner
+                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch}))
+
+    def supervise(self) -> str:
+        last_heartbeat = 0.0
+        while True:
+            self.drain_events(timeout_ms=50)
+            self.monitor.tick()
+            reason = self.monitor.stop_reason()
+            if reason is not None:
+                return reason
+            if time.time() - last_heartbeat >= HEARTBEAT_INTERVAL_S:
+                self.control.send(pack_header({"kind": "heartbeat"}))
+                last_heartbeat = time.time()
+            self.check_roles()
+
+    def shutdown(self) -> None:
+        """Ask every role to stop (the learner writes its final checkpoint), then make sure they are gone."""
+        deadline = time.time() + STOP_GRACE_S
+        while time.time() < deadline and any(self.roles.alive(name) for name in self.roles.names()):
+            self.control.send(pack_header({"kind": "stop"}))
+            self.drain_events(timeout_ms=100)
+        self.roles.stop_all()
+        self.drain_events(timeout_ms=0)
+
+
+def drive(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: Roles) -> str:
+    """Supervise the roles until a stop condition (or Ctrl-C), then stop them; returns the stop reason."""
+    supervisor = _Supervisor(run, monitor, events, control, roles)
+    try:
+        return supervisor.supervise()
+    except KeyboardInterrupt:
+        return "interrupted"
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is bounded; let it finish
+        try:
+            supervisor.shutdown()
+        finally:
+            signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,229 @@
+"""The links between roles: endpoints, sockets, and each role's view of the driver and the learner.
+
+    actor/evaluator --DEALER--> learner ROUTER   hello {actor, slots}; fragment notices {slot, epoch, ...}
+    actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello); credit {slot, min_version, epoch}
+    actor/evaluator <--SUB----- learner PUB      weights {version, epoch}, newest wins
+    every role      --PUSH----> driver PULL      metric deltas (also heartbeats), checkpoint notices, errors
+    every role      <--SUB----- driver PUB       stop, heartbeat, learner_restarted {epoch}
+
+A learner's `epoch` is its incarnation: the driver restarts a dead learner with the next
+epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
+Sample data never travels here: notices name shared-memory slots (see tianji.shm).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import zmq
+
+from tianji.shm import shm_root
+from tianji.wire import WireError, decode, pack_header, unpack_header
+
+log = logging.getLogger("tianji")
+
+HEARTBEAT_INTERVAL_S = 0.5  # the driver's heartbeat on the control socket
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    fragments: str
+    weights: str
+    events: str
+    control: str
+
+    @classmethod
+    def ipc(cls, token: str) -> "Endpoints":
+        base = f"ipc://{tempfile.gettempdir()}/tianji-{token}"
+        return cls(f"{base}-fragments", f"{base}-weights", f"{base}-events", f"{base}-control")
+
+    def ipc_paths(self) -> list[Path]:
+        return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)]
+
+
+def new_token() -> str:
+    """A run's token; it names the run's ipc sockets and slot files and carries the driver's pid,
+    so that a later run can tell leftovers of a dead driver (see `sweep_leftovers`)."""
+    return f"{secrets.token_hex(4)}p{os.getpid()}"
+
+
+_LEFTOVER = re.compile(r"^tianji-[0-9a-f]+p(\d+)-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")  # a zombie has exited
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_leftovers() -> list[Path]:
+    """Remove ipc sockets and slot files of runs whose processes are all gone (a driver killed with
+    kill -9 cannot clean up); names carry the driver's pid and, for slot files, the owner's."""
+    removed = []
+    for folder in {shm_root(), Path(tempfile.gettempdir())}:
+        for path in folder.glob("tianji-*"):
+            match = _LEFTOVER.match(path.name)
+            if match is None:
+                continue
+            pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end():]))]
+            if any(_pid_alive(pid) for pid in pids):
+                continue
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:  # another user's, or gone already
+                pass
+    return removed
+
+
+def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 1000)  # never hang on exit if the peer is gone
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    (sock.bind if bind else sock.connect)(endpoint)
+    return sock
+
+
+def newest(sock: zmq.Socket) -> list[Any] | None:
+    """Drain a SUB socket and keep the newest message (newest weights win)."""
+    message = None
+    while sock.poll(0):
+        message = sock.recv_multipart(copy=False)
+    return message
+
+
+def log_rejected(role: str, count: int, reason: Any) -> None:
+    """Warn about the first rejected messages, then every 1000th: a flood must not flood the log."""
+    if count <= 10 or count % 1000 == 0:
+        log.warning("%s rejected a message (%d so far): %s", role, count, reason)
+
+
+class DriverGone(Exception):
+    """The driver fell silent for longer than supervision.driver_timeout_s: the role exits."""
+
+
+class DriverLink:
+    """A role's view of the driver: its orders (stop, learner_restarted) and whether it is still there.
+
+        driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control), silence_s=5.0)
+        for order in driver.poll():   # raises DriverGone after silence_s without a message
+            ...
+    """
+
+    def __init__(self, sock: zmq.Socket, silence_s: float, clock=time.monotonic):
+        self.sock = sock
+        self.silence_s = silence_s
+        self.clock = clock
+        self.last_heard = clock()
+
+    def poll(self) -> list[dict[str, Any]]:
+        orders = []
+        while self.sock.poll(0):
+            self.last_heard = self.clock()
+            try:
+                header = unpack_header(self.sock.recv())
+            except WireError:
+                continue
+            if header["kind"] != "heartbeat":
+                orders.append(header)
+        if self.clock() - self.last_heard > self.silence_s:
+            raise DriverGone(f"no message from the driver for {self.silence_s:.0f} s")
+        return orders
+
+
+class WeightsTaker(Protocol):
+    """An actor or the evaluator: takes versioned weights (`force` after a learner restart)."""
+
+    version: int
+
+    def set_weights(self, version: int, weights: Any, force: bool = False) -> None: ...
+
+
+class LearnerLink:
+    """An actor's or the evaluator's connection to the learner: hello, credits, weights.
+
+        learner = LearnerLink(ctx, endpoints, "actor0", hello={"kind": "hello", "actor": 0, "slots": 2})
+        learner.receive(actor)          # weights replies and credits
+        learner.newest_weights(actor)   # newest published weights, when they are needed
+        slot, min_version = learner.credits.popleft()
+
+    The reply to a hello names the learner's epoch; a new epoch means a restarted learner, which
+    owns every slot again and grants them anew, so the credits held for the old one are dropped.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any]):
+        self.link = socket(ctx, zmq.DEALER, endpoints.fragments)
+        self.weights = socket(ctx, zmq.SUB, endpoints.weights)
+        self.role = role
+        self.hello = hello
+        self.epoch = -1  # none yet: no weights
+        self.credits: deque[tuple[int, int]] = deque()  # (slot, min_version)
+        self.bad_messages = 0
+        self.link.send(pack_header(hello))
+
+    @property
+    def has_weights(self) -> bool:
+        return self.epoch >= 0
+
+    def follow_restart(self, epoch: Any) -> None:
+        """The driver restarted the learner: say hello to the new one."""
+        if isinstance(epoch, int) and epoch != self.epoch:
+            self.link.send(pack_header(self.hello))
+
+    def receive(self, taker: WeightsTaker) -> None:
+        while self.link.poll(0):
+            message = self._checked(self.link.recv_multipart(copy=False))
+            if message is None:
+                continue
+            header, arrays = message
+            if header["kind"] == "weights":
+                new_epoch = header["epoch"] != self.epoch
+                if new_epoch:
+                    self.epoch = header["epoch"]
+                    self.credits.clear()
+                taker.set_weights(header["version"], arrays, force=new_epoch)
+            elif header["kind"] == "credit" and header["epoch"] == self.epoch:
+                self.credits.append((header["slot"], header["min_version"]))
+
+    def newest_weights(self, taker: WeightsTaker) -> None:
+        message = self._checked(newest(self.weights))
+        if message is not None and message[0]["kind"] == "weights" and message[0]["epoch"] == self.epoch:
+            taker.set_weights(message[0]["version"], message[1])
+
+    def send(self, header: dict[str, Any]) -> None:
+        self.link.send(pack_header(header))
+
+    def _checked(self, frames: list[Any] | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Decode a message from the learner; None (logged, counted) when malformed."""
+        if frames is None:
+            return None
+        try:
+            header, arrays = decode(frames)
+            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch")}.get(header["kind"], ())
+            for key in need:
+                if not isinstance(header.get(key), int):
+                    raise WireError(f"{header['kind']} without an int {key!r}")
+            return header, arrays
+        except WireError as exc:
+            self.bad_messages += 1
+            log_rejected(self.role, self.bad_messages, exc)
+            return None
