@@ -7,12 +7,13 @@ it is resolved and saved as `config.yaml` in the run directory.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -32,11 +33,17 @@ class EnvConfig(_Section):
         "module is imported first (in every process) so that its gymnasium.register calls run. "
         f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.")
     entry_point: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
-        description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
+        None, description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
         "env.kwargs; for environments that are not registered. Set this or env.id, not both.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make "
                                    "(registered ids) or for the env.entry_point factory.")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _module_colon_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", value):
+            raise ValueError(f"expected 'package.module:factory', got {value!r}")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -247,7 +247,10 @@ def load_or_calibrate(cfg: Config, space: Space, use_cache: bool = True) -> tupl
     return cal, False
 
 
-def _calibrate_child(cfg_json: str, space: Space, conn) -> None:
+def _calibrate_child(cfg_json: str, space: Space, conn, parent_pid: int) -> None:
+    from tianji.runtime.links import die_with_parent
+
+    die_with_parent(parent_pid)
     try:
         conn.send(("ok", json.dumps(asdict(calibrate(build_config(json.loads(cfg_json)), space)))))
     except Exception as exc:  # reported to the parent, which raises it
@@ -260,7 +263,8 @@ def _calibrate_in_child(cfg: Config, space: Space) -> Calibration:
     # in a child so the caller (a driver about to fork roles) never starts torch thread pools itself
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child))
+    process = ctx.Process(target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child,
+                                                               os.getpid()))
     process.start()
     child.close()
     status, payload = parent.recv()

@@ -61,7 +61,8 @@ def lag_summary(histogram: Counter) -> dict[str, float]:
 class _ActorSlots:
     identity: bytes
     held: deque  # slots the learner holds: free, not granted yet
-    granted: set = field(default_factory=set)  # slots granted; their fragment has not arrived
+    floors: dict = field(default_factory=dict)  # granted slot -> min_version: its fragment starts from no older
+    arrived: set = field(default_factory=set)  # granted slots whose notice is waiting at the learner
     last_grant: int = -1
 
 
@@ -69,21 +70,22 @@ class CreditLedger:
     """Lag-aware credits: which shared-memory slots each actor may fill, and with weights how new.
 
     An actor's slots all start with the learner (on its hello), which grants them one at a time.
-    A fragment started now is trained on after the fragments already in flight (granted, not yet
-    received), each worth `versions_per_fragment` learner versions, so its expected lag is
+    Every fragment in flight (granted, not yet trained on) may be trained on after all the others,
+    each worth `versions_per_fragment` learner versions: fast fragments overtake slow ones. A grant
+    asks the actor to start from the newest published weights (its `min_version`, its floor), so
+    granting one more with n in flight is safe while, for the new fragment and every one in flight,
 
-        lag = in_flight * versions_per_fragment + (learner version - version the actor starts with)
+        version + n * versions_per_fragment - floor <= max_policy_lag
 
-    A slot is granted only while in_flight * versions_per_fragment <= max_policy_lag, with
-    `min_version` = version + in_flight * versions_per_fragment - max_policy_lag (at most the current
-    version, which the actor can always get: no deadlock); the actor waits for weights that new
-    before it starts the fragment. So actors never produce data destined to be dropped, and when
-    the bound is loose (or `lag_aware` is off) every slot is granted at once, as plain credits.
+    The actor waits for weights that new before it starts, and can always get them (no deadlock).
+    So actors do not produce data destined to be dropped; when the bound is loose (or `lag_aware`
+    is off) every slot is granted at once, as plain credits.
 
         ledger = CreditLedger(max_policy_lag=2)
         ledger.register(actor_id=0, identity=b"a0", slots=2)
         ledger.grant(version=0, versions_per_fragment=1.0)   # [(b"a0", 0, 0), (b"a0", 1, 0)]
-        ledger.receive(b"a0", 0)                             # True: the notice may be read, slot 0 is held again
+        ledger.arrived(b"a0", 0)                             # True: its notice is valid, read it
+        ledger.release(b"a0", 0)                             # read: the learner holds slot 0 again
     """
 
     def __init__(self, max_policy_lag: float, lag_aware: bool = True):
@@ -104,37 +106,50 @@ class CreditLedger:
         self.actors[actor_id] = self._by_identity[identity] = _ActorSlots(identity, deque(range(slots)))
 
     def in_flight(self) -> int:
-        return sum(len(a.granted) for a in self.actors.values())
+        return sum(len(a.floors) for a in self.actors.values())
 
-    def receive(self, identity: bytes, slot: object) -> bool:
-        """A fragment notice arrived. True when `slot` was granted to this actor: the slot is held by
-        the learner again (read it before the next `grant`). False: not ours to read (unknown or
-        replaced actor, or a slot never granted)."""
+    def _granted(self, identity: bytes, slot: object) -> _ActorSlots | None:
         actor = self._by_identity.get(identity)
-        if actor is None or slot not in actor.granted:
+        return actor if actor is not None and slot in actor.floors else None
+
+    def arrived(self, identity: bytes, slot: object) -> bool:
+        """A fragment notice came. True when `slot` was granted to this sender and not noticed yet;
+        False: not ours to read (unknown or replaced actor, a slot never granted, a repeat)."""
+        actor = self._granted(identity, slot)
+        if actor is None or slot in actor.arrived:
             return False
-        actor.granted.discard(slot)
-        actor.held.append(slot)
+        actor.arrived.add(slot)
         return True
 
-    def grant(self, version: int, versions_per_fragment: float) -> list[tuple[bytes, int, int]]:
-        """Slots to grant now, as (identity, slot, min_version); fewest-in-flight actors first."""
+    def release(self, identity: bytes, slot: int) -> None:
+        """The learner has read (or dropped) the fragment in `slot`: it holds the slot again."""
+        actor = self._granted(identity, slot)
+        if actor is not None and slot in actor.arrived:
+            del actor.floors[slot]
+            actor.arrived.discard(slot)
+            actor.held.append(slot)
+
+    def grant(self, version: int, versions_per_fragment: float, published: int | None = None
+              ) -> list[tuple[bytes, int, int]]:
+        """Slots to grant now, as (identity, slot, min_version); fewest-in-flight actors first.
+        `published`: the newest weights actors can get (default `version`); a grant asks for them."""
+        published = version if published is None else published
         grants = []
         while True:
             waiting = [a for a in self.actors.values() if a.held]
             if not waiting:
                 return grants
-            in_flight = self.in_flight()
-            expected_lag = in_flight * versions_per_fragment
-            if self.lag_aware and in_flight > 0 and expected_lag > self.max_policy_lag:
+            floors = [f for a in self.actors.values() for f in a.floors.values()]
+            needed = version + len(floors) * versions_per_fragment - self.max_policy_lag
+            if self.lag_aware and needed > min([published, *floors]) + 1e-9:
                 return grants
-            actor = min(waiting, key=lambda a: (len(a.granted), a.last_grant))
+            actor = min(waiting, key=lambda a: (len(a.floors), a.last_grant))
             slot = actor.held.popleft()
-            actor.granted.add(slot)
+            min_version = published if self.lag_aware else 0
+            actor.floors[slot] = min_version
             self._grants += 1
             actor.last_grant = self._grants
-            room = math.ceil(version + expected_lag - self.max_policy_lag - 1e-9) if self.lag_aware else 0
-            grants.append((actor.identity, slot, max(0, min(version, room))))
+            grants.append((actor.identity, slot, min_version))
 
 
 class RateLimiter:

@@ -13,10 +13,13 @@ Sample data never travels here: notices name shared-memory slots (see tianji.shm
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
 import secrets
+import signal
+import sys
 import tempfile
 import time
 from collections import deque
@@ -32,6 +35,7 @@ from tianji.wire import WireError, decode, pack_header, unpack_header
 log = logging.getLogger("tianji")
 
 HEARTBEAT_INTERVAL_S = 0.5  # the driver's heartbeat on the control socket
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,17 @@ def log_rejected(role: str, count: int, reason: Any) -> None:
         log.warning("%s rejected a message (%d so far): %s", role, count, reason)
 
 
+def die_with_parent(parent_pid: int | None) -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent (the driver) exits, kill -9 included.
+    `parent_pid=None` when the driver is not the parent (other launchers rely on the heartbeat)."""
+    if parent_pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the driver died before the signal was armed
+        raise SystemExit(f"driver {parent_pid} is gone")
+
+
 class DriverGone(Exception):
     """The driver fell silent for longer than supervision.driver_timeout_s: the role exits."""
 
@@ -178,11 +193,22 @@ class LearnerLink:
         self.epoch = -1  # none yet: no weights
         self.credits: deque[tuple[int, int]] = deque()  # (slot, min_version)
         self.bad_messages = 0
+        self._waiting_since: float | None = None
         self.link.send(pack_header(hello))
 
     @property
     def has_weights(self) -> bool:
         return self.epoch >= 0
+
+    def ask_for_weights(self, after_s: float = 1.0) -> None:
+        """Repeat the hello (its reply carries the newest weights) when a credit has waited `after_s`
+        for a version the weights socket has not brought: publishes past its queue limit are dropped."""
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        elif now - self._waiting_since >= after_s:
+            self.link.send(pack_header(self.hello))
+            self._waiting_since = now
 
     def follow_restart(self, epoch: Any) -> None:
         """The driver restarted the learner: say hello to the new one."""
@@ -201,6 +227,7 @@ class LearnerLink:
                     self.epoch = header["epoch"]
                     self.credits.clear()
                 taker.set_weights(header["version"], arrays, force=new_epoch)
+                self._waiting_since = None
             elif header["kind"] == "credit" and header["epoch"] == self.epoch:
                 self.credits.append((header["slot"], header["min_version"]))
 
@@ -208,6 +235,7 @@ class LearnerLink:
         message = self._checked(newest(self.weights))
         if message is not None and message[0]["kind"] == "weights" and message[0]["epoch"] == self.epoch:
             taker.set_weights(message[0]["version"], message[1])
+            self._waiting_since = None
 
     def send(self, header: dict[str, Any]) -> None:
         self.link.send(pack_header(header))

@@ -9,10 +9,8 @@ parent-death signal), so a killed driver leaves no orphans.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -24,28 +22,17 @@ from tianji.runtime.actor import Fragment
 from tianji.runtime.balance import CreditLedger
 from tianji.runtime.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.events import ActorReporter, LearnerReporter
-from tianji.runtime.links import DriverGone, DriverLink, Endpoints, LearnerLink, log, log_rejected, socket
+from tianji.runtime.links import (DriverGone, DriverLink, Endpoints, LearnerLink, die_with_parent, log, log_rejected,
+                                  socket)
 from tianji.runtime.run import RunContext
 from tianji.shm import SlotReader, SlotWriter, pool_path
 from tianji.wire import WireError, encode, pack_header, unpack_header
 
 EVENT_INTERVAL_S = 0.1
 MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
-PR_SET_PDEATHSIG = 1
 
 
 # ---------------------------------------------------------------- process body shared by every role
-
-
-def die_with_parent(parent_pid: int | None) -> None:
-    """Linux: the kernel sends this process SIGTERM when its parent (the driver) exits, kill -9 included.
-    `parent_pid=None` when the driver is not the parent (other launchers rely on the heartbeat)."""
-    if parent_pid is None:
-        return
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the driver died before the signal was armed
-        raise SystemExit(f"driver {parent_pid} is gone")
 
 
 def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints, driver_pid: int | None,
@@ -116,7 +103,10 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
         if not (learner.has_weights and learner.credits):
             return False
         learner.newest_weights(actor)  # applied between fragments, only when one is about to start
-        return actor.version >= learner.credits[0][1]
+        if actor.version >= learner.credits[0][1]:
+            return True
+        learner.ask_for_weights()  # not published yet, or lost on the way: the reply to a hello has them
+        return False
 
     last_event = time.time()
     try:
@@ -226,7 +216,7 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
     def weights_message() -> list[Any]:
         return encode({"kind": "weights", "version": learner.version, "epoch": epoch}, learner.weights())
 
-    latest_weights = weights_message()
+    latest_weights, published = weights_message(), learner.version
 
     def handle(identity: bytes, frames: list[Any]) -> None:
         header = unpack_header(frames[0])
@@ -239,9 +229,14 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
             if header.get("epoch") != epoch:  # for a learner before a restart: its slot was granted anew
                 reporter.stale_notices += 1
                 return
-            if not credits.receive(identity, header.get("slot")):
-                raise WireError(f"fragment notice for slot {header.get('slot')!r}, which was not granted to its sender")
-            learner.consume(fragment_from_header(header, reader.read(header)))
+            slot = header.get("slot")
+            if not credits.arrived(identity, slot):
+                raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
+            try:
+                fragment = fragment_from_header(header, reader.read(header))
+            finally:  # read or rejected, the slot is the learner's again
+                credits.release(identity, slot)
+            learner.consume(fragment)
         else:
             raise WireError(f"unexpected message kind {header['kind']!r}")
 
@@ -267,9 +262,9 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
         if learner.ready():
             learner.update()
             if learner.version % cfg.balance.publish_every == 0:
-                latest_weights = weights_message()
+                latest_weights, published = weights_message(), learner.version
                 publisher.send_multipart(latest_weights, copy=False)
-        for identity, slot, min_version in credits.grant(learner.version, learner.versions_per_fragment):
+        for identity, slot, min_version in credits.grant(learner.version, learner.versions_per_fragment, published):
             router.send_multipart([identity, pack_header(
                 {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
         now = time.time()
