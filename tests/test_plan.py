@@ -11,8 +11,9 @@ from tianji.config import load_config
 from tianji.plan import Calibration, Space, choose, layout_space, predict
 
 
-def config(**topology):
-    return load_config("cartpole-ppo", [f"topology.{k}={v}" for k, v in topology.items()])
+def config(bound=8, **topology):
+    return load_config("cartpole-ppo", [f"topology.{k}={v}" for k, v in topology.items()]
+                       + [f"balance.max_policy_lag={bound}"])
 
 
 def synthetic(actor_rates, learner_rate, fragment_steps=1024, steps_per_update=1024):
@@ -22,7 +23,7 @@ def synthetic(actor_rates, learner_rate, fragment_steps=1024, steps_per_update=1
 def test_throughput_model_bounds_by_actors_learner_and_cpu():
     cal = synthetic({8: 10_000.0}, learner_rate=30_000.0)
     space = Space(envs=[8], actors=[1, 2, 4, 8], fragment_steps=1024, preferred_envs=8)
-    rows = {row.actors: row for row in predict(cal, config(), space, cores=4)}
+    rows = {row.actors: row for row in predict(cal, config(bound=100), space, cores=4)}
     assert rows[1].env_steps_per_s == pytest.approx(10_000)  # actor-bound
     assert rows[1].idle_side == "learner"
     assert rows[2].env_steps_per_s == pytest.approx(20_000)
@@ -42,7 +43,7 @@ def test_cpu_bound_applies_on_a_small_machine():
 def test_choice_prefers_throughput_first():
     cal = synthetic({8: 10_000.0, 32: 40_000.0}, learner_rate=30_000.0)
     space = Space(envs=[8, 32], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=8)
-    chosen = choose(predict(cal, config(), space, cores=8), space.preferred_envs, max_policy_lag=4, cores=8)
+    chosen = choose(predict(cal, config(bound=4), space, cores=8), space.preferred_envs, cores=8)
     assert chosen.envs_per_actor == 32, "8 envs per actor need 3 actors at full load to feed the learner (no slack)"
     assert chosen.chosen and chosen.fragment_length == 32
 
@@ -55,11 +56,25 @@ def test_near_ties_spread_production_over_cores_inside_the_lag_bound():
     # one actor already saturates the learner; 1..4 actors are equally fast
     cal = synthetic({32: 40_000.0}, learner_rate=20_000.0)
     space = Space(envs=[32], actors=[1, 2, 3, 4], fragment_steps=1024, preferred_envs=32)
-    rows = predict(cal, config(), space, cores=2)
+    rows = predict(cal, config(bound=8), space, cores=2)
     assert len({round(r.env_steps_per_s) for r in rows}) == 1
-    assert choose(rows, 32, max_policy_lag=6, cores=2).actors == 2, "one actor per core"
-    assert choose(rows, 32, max_policy_lag=4, cores=2).actors == 1, "2 actors would overrun the lag bound"
-    assert choose(rows, 32, max_policy_lag=100, cores=8).actors == 4
+    assert choose(rows, 32, cores=2).actors == 2, "one actor per core"
+    # bound 2: lag-aware credits keep 2 fragments in flight, 2 actors need 3 (one queued at the learner)
+    rows = predict(cal, config(bound=2), space, cores=2)
+    assert [r.held_back for r in rows] == [False, True, True, True]
+    assert choose(rows, 32, cores=2).actors == 1, "the bound would hold 2 actors back"
+    assert choose(predict(cal, config(bound=100), space, cores=8), 32, cores=8).actors == 4
+
+
+def test_a_bound_that_holds_actors_back_lowers_the_prediction_and_warns():
+    cal = synthetic({8: 10_000.0}, learner_rate=100_000.0)  # actor-bound: every actor counts
+    space = Space(envs=[8], actors=[1, 2, 4], fragment_steps=1024, preferred_envs=8)
+    rows = {r.actors: r for r in predict(cal, config(bound=2), space, cores=8)}
+    assert rows[4].env_steps_per_s == pytest.approx(20_000)  # two in flight: two producing at a time
+    assert rows[4].held_back and rows[4].max_lag <= 2
+    warning = plan.lag_warning(cal, config(bound=2), rows[4])
+    assert "balance.max_policy_lag=2" in warning and "a bound of 6 keeps them all busy" in warning
+    assert plan.lag_warning(cal, config(bound=2), rows[2]) is None
 
 
 def test_predicted_max_lag_matches_the_credit_queue():

@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tianji.plan import available_cores, calibrate, choose, format_table, layout_space, mark, predict
+    from tianji.plan import available_cores, calibrate, choose, format_table, lag_warning, layout_space, mark, predict
 
     cfg = load_config(args.config, args.overrides)
     cores = args.cores or available_cores()
@@ -63,8 +63,14 @@ def _plan(args: argparse.Namespace) -> int:
           flush=True)
     cal = calibrate(cfg, space)
     layouts = predict(cal, cfg, space, cores)
-    chosen = choose(layouts, space.preferred_envs, cfg.balance.max_policy_lag, cores)
+    chosen = choose(layouts, space.preferred_envs, cores)
     print(format_table(cal, mark(layouts, chosen), cores))
+    configured = [c for c in layouts if (c.actors, c.envs_per_actor) == (cfg.topology.actors, cfg.topology.envs_per_actor)]
+    same = (chosen.actors, chosen.envs_per_actor)
+    for layout, which in ((chosen, "chosen"), *((c, "configured") for c in configured if (c.actors, c.envs_per_actor) != same)):
+        warning = lag_warning(cal, cfg, layout)
+        if warning:
+            print(f"{warning} ({which} layout)")
     print(f"chosen: --set topology.actors={chosen.actors} --set topology.envs_per_actor={chosen.envs_per_actor} "
           f"--set topology.fragment_length={chosen.fragment_length}   (or topology.actors: auto in the config)")
     return 0

@@ -58,6 +58,7 @@ class Layout:
     learner_utilization: float
     max_lag: float  # predicted max policy lag at the learner
     idle_side: str
+    held_back: bool = False  # the lag bound keeps fewer fragments in flight than the layout needs
     chosen: bool = False
 
 
@@ -154,36 +155,53 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) ->
 
 
 def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Layout]:
+    versions_per_fragment = cal.fragment_steps / cal.steps_per_update
+    bound = cfg.balance.max_policy_lag
+    limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
     layouts = []
     for k in space.envs:
         rate = cal.actor_rates[k]
         for a in space.actors:
             cpu_bound = cores / (1.0 / rate + 1.0 / cal.learner_rate)
-            x = min(a * rate, cal.learner_rate, cpu_bound)
+            x = min(min(a, limit) * rate, cal.learner_rate, cpu_bound)  # at most `limit` actors produce at once
             actor_util, learner_util = x / (a * rate), x / cal.learner_rate
-            lag = predicted_max_lag(a, cal.fragment_steps / cal.steps_per_update, cfg.balance.max_inflight,
-                                    actors_wait=actor_util < learner_util)
+            actors_wait = actor_util < learner_util
+            lag = predicted_max_lag(a, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
+            held_back = limit < a + (1 if learner_util >= actor_util else 0)  # learner-bound: one more queued
             idle = ("actors" if actor_util < learner_util - 0.02 else
                     "learner" if learner_util < actor_util - 0.02 else "neither")
-            layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util, lag, idle))
+            layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util,
+                                  min(lag, bound) if cfg.balance.backpressure else lag, idle, held_back))
     return layouts
 
 
 def predicted_max_lag(actors: int, versions_per_fragment: float, max_inflight: int, actors_wait: bool) -> float:
-    """Largest lag expected at the learner. While one fragment is produced the learner advances
-    `versions_per_fragment` per fragment it takes from every actor; when the actors wait for it,
-    each actor's whole queue of credits is ahead of it. An actor reads new weights only before a
-    fragment, so the newest fragment is up to one more fragment (at least one version) behind."""
+    """Largest lag expected at the learner with plain credits. While one fragment is produced the
+    learner advances `versions_per_fragment` per fragment it takes from every actor; when the actors
+    wait for it, each actor's whole queue of credits is ahead of it. An actor reads new weights only
+    before a fragment, so the newest fragment is up to one more fragment (at least one version) behind.
+    Lag-aware credits (tianji.runtime.balance.CreditLedger) cap it at balance.max_policy_lag."""
     queue = max_inflight if actors_wait else 1
     return actors * versions_per_fragment * queue + max(1.0, versions_per_fragment)
 
 
-def choose(layouts: list[Layout], preferred_envs: int, max_policy_lag: float = math.inf,
-           cores: int | None = None) -> Layout:
+def lag_aware_in_flight(max_policy_lag: float, versions_per_fragment: float) -> int:
+    """Fragments the lag-aware credits keep in flight at once: any may be trained on after all the
+    others, and each starts from the weights of its grant, so n in flight need a bound of about
+    2 (n - 1) versions per fragment."""
+    return int(max_policy_lag // (2 * max(versions_per_fragment, 1e-9))) + 1
+
+
+def bound_needed(actors: int, learner_bound: bool, versions_per_fragment: float) -> float:
+    """The smallest balance.max_policy_lag that keeps `actors` producing (and, learner-bound, one queued)."""
+    return 2 * versions_per_fragment * (actors + (1 if learner_bound else 0) - 1)
+
+
+def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None) -> Layout:
     """Highest predicted throughput; near-ties (within TIE) are broken, in order, by
     - slack: the idle side keeps HEADROOM (calibration is noisy: a side predicted at 90 % may be
       the bottleneck in practice);
-    - the lag bound: predicted max lag within `max_policy_lag`, so no fragment is planned to be dropped;
+    - the lag bound: a layout it does not hold back (every actor producing, the learner fed);
     - more actors, up to one per core: production spread over processes keeps the learner fed
       when one actor stalls, and measured faster to the target than one actor on 2 cores;
     - envs per actor closest to the configured value (the batch shape is a tuned hyperparameter);
@@ -192,11 +210,23 @@ def choose(layouts: list[Layout], preferred_envs: int, max_policy_lag: float = m
     best = max(c.env_steps_per_s for c in layouts)
     fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
     pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
-                                    c.max_lag > max_policy_lag,
+                                    c.held_back,
                                     -min(c.actors, per_core),
                                     abs(math.log2(c.envs_per_actor / preferred_envs)),
                                     round(c.max_lag, 6), c.actors))
     return Layout(**{**asdict(pick), "chosen": True})
+
+
+def lag_warning(cal: Calibration, cfg: Config, chosen: Layout) -> str | None:
+    """A warning when the lag bound holds the chosen layout back, with the bound that would not."""
+    if not chosen.held_back:
+        return None
+    vpf = cal.fragment_steps / cal.steps_per_update
+    needed = bound_needed(chosen.actors, chosen.learner_utilization >= chosen.actor_utilization, vpf)
+    return (f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {chosen.actors} actors: "
+            f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.max_policy_lag, vpf)} fragment(s) in flight "
+            f"({vpf:.2g} versions each), so actors wait for fresh weights (nothing is dropped); "
+            f"a bound of {math.ceil(needed)} keeps them all busy")
 
 
 def mark(layouts: list[Layout], chosen: Layout) -> list[Layout]:
@@ -286,8 +316,9 @@ def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[
     space = layout_space(cfg, cores, plan_envs=cfg.topology.envs_per_actor == "auto",
                          plan_actors=cfg.topology.actors == "auto")
     cal, cached = load_or_calibrate(cfg, space)
-    chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs, cfg.balance.max_policy_lag, cores)
-    record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen)}
+    chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs, cores)
+    record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen),
+              "warning": lag_warning(cal, cfg, chosen)}
     return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps), record
 
 
@@ -302,5 +333,5 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     for c in sorted(layouts, key=lambda c: (c.envs_per_actor, c.actors)):
         lines.append(f"  {'*' if c.chosen else ' ':2}{c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
                      f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
-                     f"{c.max_lag:>7.1f}  {c.idle_side}")
+                     f"{c.max_lag:>7.1f}  {c.idle_side}{' (held back by the lag bound)' if c.held_back else ''}")
     return "\n".join(lines)

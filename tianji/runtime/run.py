@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from tianji.algos import get_algo
 from tianji.config import Config, ConfigError, build_config, to_yaml
 from tianji.envs import env_spaces
 from tianji.plan import needs_plan, resolve_layout
+
+log = logging.getLogger("tianji")
 
 LAUNCHERS = ("local", "inline")
 
@@ -100,6 +103,8 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
             print(f"planned layout: {chosen['actors']} actors x {chosen['envs_per_actor']} envs "
                   f"({'cached' if plan_record['cached'] else 'measured'}; "
                   f"predicted {chosen['env_steps_per_s']:,.0f} env steps/s)", flush=True)
+        if plan_record["warning"]:
+            log.warning(plan_record["warning"])
     if resume is not None:
         path = Path(resume)
         run = RunContext(cfg, path, t0, resumed=True)
