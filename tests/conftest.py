@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -115,3 +118,34 @@ def tiny_config(tmp_path):
         })
 
     return make
+
+
+def child_pids(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        p = frontier.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            frontier.extend(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def wait_for(predicate, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import alive, child_pids, wait_for
 from tianji.checkpoint import load_learner
 from tianji.runtime.run import train
 from tianji.shm import shm_root
@@ -58,28 +59,6 @@ def test_resume_continues_from_the_last_checkpoint(launcher, tiny_config, tmp_pa
     assert second["episodes"] > first["episodes"]
 
 
-def child_pids(pid: int) -> set[int]:
-    found, frontier = set(), [pid]
-    while frontier:
-        p = frontier.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            frontier.extend(kids - found)
-            found |= kids
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
@@ -105,15 +84,6 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     assert summary["stop_reason"] == "interrupted"
     assert (run_dir / "checkpoints" / "learner.pt").exists()
     assert str(run_dir) in output
-
-
-def wait_for(predicate, seconds: float) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def successor_slot_file(roles_file, victim: int) -> bool:

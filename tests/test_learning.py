@@ -20,3 +20,15 @@ def test_cartpole_reaches_475(preset, metric, tmp_path):
     assert summary["target_metric"].startswith(metric)
     assert summary["return_at_target"] >= 475
     assert summary["policy_lag_max"] <= cfg.balance.max_policy_lag
+
+
+@pytest.mark.slow
+def test_a_tight_lag_bound_wastes_no_fragments(tmp_path):
+    """Lag-aware credits: with max_policy_lag=2 actors wait for fresh weights instead of producing
+    fragments that would be dropped (plain credits threw away 40 % of them here)."""
+    cfg = load_config("cartpole-ppo", [f"logging.run_root={tmp_path}", "logging.console=false",
+                                       "stop.max_wall_time_s=240", "balance.max_policy_lag=2"])
+    _, summary = train(cfg, "local")
+    assert summary["target_reached"], summary
+    assert summary["fragments_dropped"] <= 0.05 * (summary["fragments_dropped"] + summary["fragments_trained"])
+    assert summary["policy_lag_max"] <= 2

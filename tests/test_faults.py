@@ -1,0 +1,184 @@
+"""Failures a user meets: a driver killed with kill -9, a learner crash, floods of malformed events,
+notices that point outside the run's shared memory."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from conftest import alive, wait_for
+from tianji.checkpoint import load_learner
+from tianji.runtime.links import sweep_leftovers
+from tianji.shm import SlotReader, SlotWriter, shm_root
+from tianji.wire import WireError, pack_header
+
+
+def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir),
+               "--set", "logging.console=false", "--set", "logging.interval_s=0.2"]
+    for item in overrides:
+        command += ["--set", item]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def checkpoint_version(run_dir: Path) -> int:
+    try:
+        return int(torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)["version"])
+    except (OSError, RuntimeError, EOFError, KeyError):  # not written yet
+        return -1
+
+
+def leftovers_of(driver_pid: int) -> list[Path]:
+    return [p for folder in (shm_root(), Path(tempfile.gettempdir())) for p in folder.glob(f"tianji-*p{driver_pid}-*")]
+
+
+def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "stop.target_return=null", "stop.max_wall_time_s=120", "checkpoint.interval_s=0.5")
+    try:
+        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0
+                        and (run_dir / "checkpoints" / "driver.json").exists(), 60), "the run did not get going"
+        roles = json.loads((run_dir / "roles.json").read_text())
+        os.kill(process.pid, signal.SIGKILL)  # the OOM killer, a scheduler, a closed SSH session
+        process.wait(10)
+        gone = wait_for(lambda: not any(alive(pid) for pid in roles.values()), seconds=10)
+        assert gone, f"role processes outlived their driver: {[n for n, p in roles.items() if alive(p)]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert leftovers_of(process.pid), "a killed driver cannot clean up: its sockets and slot files stay"
+
+    saved = json.loads((run_dir / "checkpoints" / "driver.json").read_text())
+    version = load_learner(run_dir / "checkpoints")["version"]
+    more = saved["env_steps"] + 20_000
+    result = subprocess.run([sys.executable, "-m", "tianji", "train", "--resume", str(run_dir), "--set",
+                             f"stop.max_env_steps={more}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= more and summary["policy_version"] > version
+    assert not leftovers_of(process.pid), "the next `tianji train` removes the dead run's leftovers"
+
+
+def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_target(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "checkpoint.interval_s=0.5", "stop.max_wall_time_s=120")
+    try:
+        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
+        victim = json.loads((run_dir / "roles.json").read_text())["learner"]
+        restored_from = checkpoint_version(run_dir)
+        os.kill(victim, signal.SIGKILL)
+        output, _ = process.communicate(timeout=150)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["target_reached"], summary
+    assert summary["learner_restarts"] == 1 and summary["role_restarts"] == 0
+    assert json.loads((run_dir / "roles.json").read_text())["learner"] != victim
+    assert summary["policy_lag_max"] <= 8
+    # the new learner started from the checkpoint, not from scratch
+    versions = [int(float(r["balance/policy_version"])) for r in csv.DictReader(open(run_dir / "metrics.csv"))]
+    first_past = next(i for i, v in enumerate(versions) if v >= restored_from)
+    assert min(versions[first_past:]) >= restored_from
+
+
+def test_a_restarted_learner_that_keeps_failing_ends_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "stop.target_return=null", "stop.max_wall_time_s=60",
+                             "supervision.max_learner_restarts=0")
+    try:
+        assert wait_for(lambda: (run_dir / "roles.json").exists(), 60)
+        os.kill(json.loads((run_dir / "roles.json").read_text())["learner"], signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1
+    assert "learner restarts reached supervision limit 0" in output
+
+
+def test_sweep_removes_only_files_of_runs_whose_processes_are_gone(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = shm_root()
+    mine = folder / f"tianji-0badc0dep{os.getpid()}-actor0-pid{os.getpid()}"  # a live run: kept
+    orphan = folder / f"tianji-0badc0dep{dead.pid}-actor0-pid{dead.pid}"
+    foreign = folder / "tianji-not-ours"  # not a TianJi run name: never touched
+    for path in (mine, orphan, foreign):
+        path.write_bytes(b"x")
+    try:
+        removed = sweep_leftovers()
+        assert orphan in removed and not orphan.exists()
+        assert mine.exists() and foreign.exists()
+    finally:
+        for path in (mine, orphan, foreign):
+            path.unlink(missing_ok=True)
+
+
+def test_driver_survives_a_flood_of_malformed_events_and_logs_a_few(tiny_config, tmp_path, caplog):
+    from tianji.metrics import Monitor
+    from tianji.runtime.driver import _Supervisor
+    from tianji.runtime.run import RunContext
+
+    cfg = tiny_config()
+    run = RunContext(cfg, tmp_path, t0=time.time(), resumed=False)
+    monitor = Monitor(cfg, tmp_path, run.t0)
+    ctx = zmq.Context()
+    try:
+        events, sender = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        for sock in (events, sender):
+            sock.set_hwm(0)  # queue the whole flood before the driver reads it
+        events.bind("inproc://events")
+        sender.connect("inproc://events")
+        supervisor = _Supervisor(run, monitor, events, control=None, roles=None)
+        for i in range(5000):
+            sender.send(b"\x00garbage" if i % 2 else pack_header({"no": "kind"}))
+        sender.send(pack_header({"kind": "actor", "env_steps": 256}))
+        with caplog.at_level(logging.WARNING, logger="tianji"):
+            while monitor.env_steps < 256:
+                supervisor.drain_events(timeout_ms=1000)
+    finally:
+        monitor.close()
+        ctx.destroy(linger=0)
+    assert monitor.totals["bad_messages"] == 5000
+    warnings = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert 10 <= len(warnings) <= 20, len(warnings)  # the first ten, then every thousandth
+
+
+def test_slot_reader_opens_only_files_directly_in_the_run_folder(tmp_path):
+    token = "tianji-feedbeefp1-"
+    inside = shm_root() / f"{token}actor0"
+    elsewhere = tmp_path / f"{token}actor0"
+    link = shm_root() / f"{token}actor1"
+    arrays = {"x": np.arange(4, dtype=np.float32)}
+    writers = [SlotWriter(inside, 1), SlotWriter(elsewhere, 1)]
+    try:
+        header = writers[0].write(0, arrays)
+        reader = SlotReader(allowed_prefix=token)
+        assert np.array_equal(reader.read(header)["x"], arrays["x"])
+        outside = writers[1].write(0, arrays)
+        with pytest.raises(WireError, match="is not one of this run's"):
+            reader.read(outside)
+        link.symlink_to(elsewhere)
+        with pytest.raises(WireError, match="cannot open"):  # a link named like ours is not followed
+            reader.read({**header, "shm": str(link)})
+        reader.close()
+    finally:
+        for writer in writers:
+            writer.close()
+        for path in (inside, elsewhere, link):
+            path.unlink(missing_ok=True)
