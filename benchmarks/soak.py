@@ -1,0 +1,110 @@
+"""Soak: one long training run, sampling every role's resident memory, open file descriptors and the
+run's shared-memory files each minute; reports growth after a warm-up.
+
+    python benchmarks/soak.py [--minutes 30] [--warmup 5] [--preset cartpole-ppo] [--set key=value ...]
+
+Goals: resident memory of every role grows < 10 % between the end of the warm-up and the end;
+open file descriptors and /dev/shm usage do not grow. Role restarts are followed (roles.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tianji.shm import shm_root
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def shm_usage(driver_pid: int) -> tuple[int, float]:
+    files = list(shm_root().glob(f"tianji-*p{driver_pid}-*"))
+    return len(files), sum(f.stat().st_size for f in files if f.exists()) / 2**20
+
+
+def sample(run_dir: Path, driver_pid: int, minute: float) -> dict:
+    roles = {"driver": driver_pid, **json.loads((run_dir / "roles.json").read_text())}
+    files, shm_mb = shm_usage(driver_pid)
+    return {"minute": round(minute, 2), "rss_mb": {n: rss_mb(p) for n, p in roles.items()},
+            "fds": {n: open_fds(p) for n, p in roles.items()}, "shm_files": files, "shm_mb": shm_mb}
+
+
+def growth(samples: list[dict], warmup: float) -> dict:
+    after = [s for s in samples if s["minute"] >= warmup] or samples[-1:]
+    first, last = after[0], samples[-1]
+    rss = {n: (last["rss_mb"][n] - first["rss_mb"][n]) / first["rss_mb"][n]
+           for n in last["rss_mb"] if first["rss_mb"].get(n) and last["rss_mb"][n]}
+    fds = {n: last["fds"][n] - first["fds"][n] for n in last["fds"] if first["fds"].get(n) is not None
+           and last["fds"][n] is not None}
+    return {"from_minute": first["minute"], "to_minute": last["minute"], "rss_growth": rss, "fd_growth": fds,
+            "shm_files_growth": last["shm_files"] - first["shm_files"], "shm_mb_growth": last["shm_mb"] - first["shm_mb"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=5.0, help="minutes before growth is counted")
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
+    parser.add_argument("--preset", default="cartpole-ppo")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--out", help="write the samples and the growth as JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "soak"
+        command = [sys.executable, "-m", "tianji", "train", args.preset, "--run-dir", str(run_dir),
+                   "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={args.minutes * 60 + 60}",
+                   "--set", "logging.console=false"]
+        for item in args.overrides:
+            command += ["--set", item]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        try:
+            while not (run_dir / "roles.json").exists():
+                time.sleep(0.2)
+            start, samples = time.time(), []
+            while (minute := (time.time() - start) / 60) <= args.minutes and process.poll() is None:
+                samples.append(sample(run_dir, process.pid, minute))
+                s = samples[-1]
+                print(f"[{s['minute']:5.1f} min] rss MB " + " ".join(f"{n} {v:.0f}" for n, v in s["rss_mb"].items() if v)
+                      + " | fds " + " ".join(f"{n} {v}" for n, v in s["fds"].items() if v is not None)
+                      + f" | shm {s['shm_files']} files {s['shm_mb']:.1f} MB", flush=True)
+                time.sleep(args.interval)
+            summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        finally:
+            process.terminate()
+            process.wait(60)
+    result = growth(samples, args.warmup)
+    print(f"\ngrowth from minute {result['from_minute']:.1f} to {result['to_minute']:.1f} "
+          f"(env steps {summary['env_steps']:,}, policy version {summary['balance/policy_version']}):")
+    for name, g in result["rss_growth"].items():
+        print(f"  {name:<10} rss {g:+7.1%}  fds {result['fd_growth'].get(name, 0):+d}")
+    print(f"  shm files {result['shm_files_growth']:+d}, shm MB {result['shm_mb_growth']:+.1f}")
+    worst = max(result["rss_growth"].values(), default=0.0)
+    ok = worst < 0.10 and not any(result["fd_growth"].values()) and result["shm_files_growth"] <= 0
+    print(f"goal (rss < +10 %, no fd or shm growth): {'met' if ok else 'NOT met'}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"samples": samples, "growth": result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
