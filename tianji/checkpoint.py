@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -34,13 +35,69 @@ def load_learner(directory: Path) -> dict[str, Any] | None:
     path = directory / LEARNER_FILE
     if not path.exists():
         return None
+    return _checked_state(path, path)
+
+
+def learner_state_from_bytes(data: bytes, source: str) -> dict[str, Any]:
+    return _checked_state(io.BytesIO(data), source)
+
+
+def learner_state_to_bytes(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def save_learner_bytes(directory: Path, data: bytes) -> Path:
+    """Write a checkpoint that a learner on another machine sent (already serialized)."""
+    path = directory / LEARNER_FILE
+    _atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    return path
+
+
+def _checked_state(source: Any, name: Any) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt or unsafe files
-        raise CheckpointError(f"{path}: not a loadable TianJi checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{name}: not a loadable TianJi checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or not {"algo", "version"} <= set(state):
-        raise CheckpointError(f"{path}: expected a learner checkpoint with 'algo' and 'version'")
+        raise CheckpointError(f"{name}: expected a learner checkpoint with 'algo' and 'version'")
     return state
+
+
+class FileStore:
+    """Where a learner on the driver's machine keeps its checkpoint: the run directory itself."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def load(self) -> dict[str, Any] | None:
+        return load_learner(self.directory)
+
+    def save(self, state: dict[str, Any]) -> list[bytes]:
+        """Write the checkpoint; returns the frames of the notice for the driver."""
+        save_learner(self.directory, state)
+        return [_notice(state)]
+
+
+class ShippedStore:
+    """A learner on another machine: it starts from the checkpoint the driver sent (bytes, or none)
+    and ships each new one to the driver, which writes the run directory."""
+
+    def __init__(self, restore: bytes | None):
+        self.restore = restore
+
+    def load(self) -> dict[str, Any] | None:
+        return None if self.restore is None else learner_state_from_bytes(self.restore, "checkpoint from the driver")
+
+    def save(self, state: dict[str, Any]) -> list[bytes]:
+        return [_notice(state), learner_state_to_bytes(state)]
+
+
+def _notice(state: dict[str, Any]) -> bytes:
+    from tianji.wire import pack_header
+
+    return pack_header({"kind": "checkpoint", "version": int(state["version"])})
 
 
 def save_driver(directory: Path, state: dict[str, Any]) -> None:

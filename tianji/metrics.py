@@ -86,7 +86,8 @@ class Monitor:
 
     def _on_learner(self, e: dict[str, Any]) -> None:
         self.version = int(e.get("version", self.version))
-        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices"):
+        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices",
+                    "refused_peers"):
             self.totals[key] += int(e.get(key, 0))
         self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
         self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
@@ -215,6 +216,7 @@ class Monitor:
             "dropped_lag_histogram": {str(k): v for k, v in sorted(self.dropped_lag_hist.items())},
             "bad_messages": int(self.totals["bad_messages"]),
             "stale_notices": int(self.totals["stale_notices"]),
+            "refused_peers": int(self.totals["refused_peers"]),
             "role_restarts": int(self.totals["role_restarts"]),
             "learner_restarts": int(self.totals["learner_restarts"]),
             "updates": int(self.totals["updates"]),

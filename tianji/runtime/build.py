@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import torch
 
 from tianji.algos import get_algo
 from tianji.algos.base import Placement
-from tianji.checkpoint import load_learner
 from tianji.config import Config
 from tianji.envs import env_spaces, make_vector_env
 from tianji.runtime.actor import Actor
@@ -31,14 +30,13 @@ def build_actor(cfg: Config, actor_id: int) -> Actor:
     return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id))
 
 
-def build_learner(cfg: Config, checkpoint_dir: Path | None = None) -> Learner:
-    """A learner, restored from `checkpoint_dir` when it holds a checkpoint."""
+def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
+    """A learner, restored from a checkpoint's `state` when given."""
     torch.manual_seed(cfg.seed)
     obs_space, act_space = env_spaces(cfg.env)
     limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
     algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space)
     learner = Learner(algo, cfg.balance.max_policy_lag, limiter, cfg.balance.backpressure)
-    state = load_learner(checkpoint_dir) if checkpoint_dir is not None else None
     if state is not None:
         learner.load_state_dict(state)
     return learner

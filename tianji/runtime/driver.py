@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from tianji.checkpoint import save_driver
+from tianji.checkpoint import save_driver, save_learner_bytes
 from tianji.metrics import Monitor
 from tianji.runtime.links import HEARTBEAT_INTERVAL_S, log, log_rejected
 from tianji.runtime.run import RunContext
@@ -42,6 +42,9 @@ class Roles(Protocol):
     def restart(self, name: str) -> None:
         """Kill the role if it still runs and start a new one (the learner with the next epoch)."""
 
+    def learner_endpoints(self) -> dict[str, str]:
+        """Where the current learner listens, when a restart may have moved it ({} when it cannot)."""
+
     def stop_all(self) -> None:
         """Make sure every role is gone (after they were asked to stop)."""
 
@@ -57,20 +60,23 @@ class _Supervisor:
         if not self.events.poll(timeout_ms):
             return
         while self.events.poll(0):
+            frames = self.events.recv_multipart()
             try:
-                event = unpack_header(self.events.recv())
+                event = unpack_header(frames[0])
             except WireError as exc:
                 self.rejected += 1
                 self.monitor.totals["bad_messages"] += 1
                 log_rejected("driver", self.rejected, exc)
                 continue
-            self._handle(event)
+            self._handle(event, frames[1:])
 
-    def _handle(self, event: dict[str, Any]) -> None:
+    def _handle(self, event: dict[str, Any], payload: list[bytes]) -> None:
         if isinstance(event.get("role"), str):
             self.last_seen[event["role"]] = time.time()
         kind = event["kind"]
         if kind == "checkpoint":
+            if payload:  # from a learner on another machine: the driver writes the run directory
+                save_learner_bytes(self.run.checkpoint_dir, payload[0])
             save_driver(self.run.checkpoint_dir, self.monitor.state())
         elif kind == "error":
             log.error("%s failed:\n%s", event.get("role"), event.get("message"))
@@ -96,8 +102,9 @@ class _Supervisor:
                 log.warning("%s exited with code %s; restarting it", name, self.roles.exitcode(name))
             self.roles.restart(name)
             self.last_seen[name] = time.time()
-            if name == LEARNER:  # actors and evaluator say hello to the new learner
-                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch}))
+            if name == LEARNER:  # actors and evaluator say hello to the new learner (where it now listens)
+                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch,
+                                               **self.roles.learner_endpoints()}))
 
     def supervise(self) -> str:
         last_heartbeat = 0.0

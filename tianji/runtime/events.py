@@ -38,6 +38,7 @@ class LearnerReporter:
         self.wait_s = 0.0
         self.bad_messages = 0
         self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
+        self.refused_peers = 0  # TCP handshakes refused: peers without the run's key (cumulative)
         self._deltas = _Deltas()
         self._deltas(self._counts())  # a resumed learner starts from its restored counters
 
@@ -52,6 +53,7 @@ class LearnerReporter:
             "wait_s": self.wait_s,
             "bad_messages": self.bad_messages,
             "stale_notices": self.stale_notices,
+            "refused_peers": self.refused_peers,
             "insert_blocked_s": lr.limiter.blocked_s["insert"],
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }

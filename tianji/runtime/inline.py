@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from tianji.checkpoint import save_driver, save_learner
+from tianji.checkpoint import load_learner, save_driver, save_learner
 from tianji.metrics import Monitor
 from tianji.runtime.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.events import ActorReporter, LearnerReporter
@@ -17,7 +17,7 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     """Train until a stop condition; returns the stop reason."""
     cfg = run.cfg
     torch.set_num_threads(cfg.topology.learner_threads)
-    learner = build_learner(cfg, run.checkpoint_dir if run.resumed else None)
+    learner = build_learner(cfg, load_learner(run.checkpoint_dir) if run.resumed else None)
     actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
     weights = learner.weights()
     for actor in actors:

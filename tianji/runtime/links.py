@@ -23,14 +23,15 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
 
-from tianji.shm import shm_root
-from tianji.wire import WireError, decode, pack_header, unpack_header
+from tianji.runtime.security import CurveKeys, join, serve
+from tianji.shm import SlotWriter, shm_root
+from tianji.wire import WireError, decode, encode, pack_header, unpack_header
 
 log = logging.getLogger("tianji")
 
@@ -40,10 +41,14 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 @dataclass(frozen=True)
 class Endpoints:
+    """Where a run's roles meet. ipc paths on one machine; TCP addresses (with the run's CURVE
+    keys) across machines, the learner's filled in once it has bound."""
+
     fragments: str
     weights: str
     events: str
     control: str
+    keys: CurveKeys | None = None
 
     @classmethod
     def ipc(cls, token: str) -> "Endpoints":
@@ -51,7 +56,18 @@ class Endpoints:
         return cls(f"{base}-fragments", f"{base}-weights", f"{base}-events", f"{base}-control")
 
     def ipc_paths(self) -> list[Path]:
-        return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)]
+        return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)
+                if e.startswith("ipc://")]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"fragments": self.fragments, "weights": self.weights, "events": self.events, "control": self.control,
+                "keys": None if self.keys is None else self.keys.as_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Endpoints":
+        keys = raw.get("keys")
+        return cls(raw["fragments"], raw["weights"], raw["events"], raw["control"],
+                   None if keys is None else CurveKeys(**keys))
 
 
 def new_token() -> str:
@@ -98,13 +114,23 @@ def sweep_leftovers() -> list[Path]:
     return removed
 
 
-def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False) -> zmq.Socket:
+def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False, keys: CurveKeys | None = None) -> zmq.Socket:
+    """A socket bound or connected to `endpoint`; every TCP one is CURVE-secured with the run's keys.
+    Binding to port `*` picks a free port: `sock.last_endpoint` says which."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 1000)  # never hang on exit if the peer is gone
     if kind == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+    if endpoint.startswith("tcp://"):
+        if keys is None:
+            raise ValueError(f"{endpoint}: TCP sockets need the run's CURVE keys")
+        (serve if bind else join)(sock, keys)
     (sock.bind if bind else sock.connect)(endpoint)
     return sock
+
+
+def bound_endpoint(sock: zmq.Socket) -> str:
+    return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
 
 def newest(sock: zmq.Socket) -> list[Any] | None:
@@ -186,8 +212,9 @@ class LearnerLink:
     """
 
     def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any]):
-        self.link = socket(ctx, zmq.DEALER, endpoints.fragments)
-        self.weights = socket(ctx, zmq.SUB, endpoints.weights)
+        self.endpoints = endpoints
+        self.link = socket(ctx, zmq.DEALER, endpoints.fragments, keys=endpoints.keys)
+        self.weights = socket(ctx, zmq.SUB, endpoints.weights, keys=endpoints.keys)
         self.role = role
         self.hello = hello
         self.epoch = -1  # none yet: no weights
@@ -210,10 +237,18 @@ class LearnerLink:
             self.link.send(pack_header(self.hello))
             self._waiting_since = now
 
-    def follow_restart(self, epoch: Any) -> None:
-        """The driver restarted the learner: say hello to the new one."""
-        if isinstance(epoch, int) and epoch != self.epoch:
-            self.link.send(pack_header(self.hello))
+    def follow_restart(self, order: dict[str, Any]) -> None:
+        """The driver restarted the learner: say hello to the new one, at its new address if it moved."""
+        epoch = order.get("epoch")
+        if not isinstance(epoch, int) or epoch == self.epoch:
+            return
+        for name, sock in (("fragments", self.link), ("weights", self.weights)):
+            new, old = order.get(name), getattr(self.endpoints, name)
+            if isinstance(new, str) and new != old:
+                sock.disconnect(old)
+                sock.connect(new)
+                self.endpoints = replace(self.endpoints, **{name: new})
+        self.link.send(pack_header(self.hello))
 
     def receive(self, taker: WeightsTaker) -> None:
         while self.link.poll(0):
@@ -255,3 +290,30 @@ class LearnerLink:
             self.bad_messages += 1
             log_rejected(self.role, self.bad_messages, exc)
             return None
+
+
+class SlotSender:
+    """Fragments to a learner on the same machine: arrays into the actor's shared-memory slot, a
+    small notice on the link (move indices, not data)."""
+
+    def __init__(self, path: Path, slots: int):
+        self.writer = SlotWriter(path, slots)
+
+    def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
+        header.update(self.writer.write(slot, arrays))
+        link.send(pack_header(header))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class FrameSender:
+    """Fragments to a learner on another machine: the arrays ride as raw frames after the notice,
+    sent without copies; `slot` still names the credit they use."""
+
+    def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
+        header["slot"] = slot
+        link.send_multipart(encode(header, arrays), copy=False)
+
+    def close(self) -> None:
+        pass

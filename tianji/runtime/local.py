@@ -81,6 +81,9 @@ class LocalRoles:
         self.processes[name] = self._start(name)
         self._write_pids()
 
+    def learner_endpoints(self) -> dict[str, str]:
+        return {}  # ipc paths do not move
+
     def stop_all(self) -> None:
         for process in self.processes.values():
             if process.is_alive():

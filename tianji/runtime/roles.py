@@ -1,6 +1,6 @@
-"""The role loops: learner, actor, evaluator. Each knows only its endpoints (`tianji.runtime.links`)
-and its transport (shared-memory slots, `tianji.shm`); a launcher decides where it runs and calls
-`*_main` as the body of a process.
+"""The role loops: learner, actor, evaluator. Each knows only its endpoints and its transport
+(`tianji.runtime.links`: shared-memory slots on one machine, array frames across machines); a
+launcher decides where it runs and calls `*_main` (or `run_role` with a loop) as a process body.
 
 Every role exits when the driver asks (stop), when the driver falls silent (it died: see
 `DriverLink`) and, under the local launcher, at once when the driver process exits (a
@@ -13,20 +13,22 @@ import os
 import signal
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
 
-from tianji.checkpoint import save_learner
+from tianji.checkpoint import FileStore, ShippedStore
 from tianji.runtime.actor import Fragment
 from tianji.runtime.balance import CreditLedger
 from tianji.runtime.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.events import ActorReporter, LearnerReporter
-from tianji.runtime.links import (DriverGone, DriverLink, Endpoints, LearnerLink, die_with_parent, log, log_rejected,
-                                  socket)
+from tianji.runtime.links import (DriverGone, DriverLink, Endpoints, FrameSender, LearnerLink, SlotSender,
+                                  bound_endpoint, die_with_parent, log, log_rejected, socket)
 from tianji.runtime.run import RunContext
-from tianji.shm import SlotReader, SlotWriter, pool_path
-from tianji.wire import WireError, encode, pack_header, unpack_header
+from tianji.runtime.security import Gatekeeper
+from tianji.shm import SlotReader, pool_path
+from tianji.wire import WireError, decode, encode, pack_header, unpack_header
 
 EVENT_INTERVAL_S = 0.1
 MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
@@ -35,18 +37,22 @@ MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
 # ---------------------------------------------------------------- process body shared by every role
 
 
-def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints, driver_pid: int | None,
-             loop: Callable[[zmq.Context, zmq.Socket, DriverLink], None]) -> None:
-    """Process body of every role: signals, threads, the driver link, the loop, a crash report."""
+def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints,
+             loop: Callable[[zmq.Context, zmq.Socket, DriverLink], None],
+             driver_pid: int | None = None, ctx: zmq.Context | None = None, own_process: bool = True) -> None:
+    """Body of every role: signals (when it owns its process), threads, the driver link, the loop,
+    a crash report to the driver."""
     import torch
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; roles stop by message
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with_parent(driver_pid)
+    if own_process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; roles stop by message
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        die_with_parent(driver_pid)
     torch.set_num_threads(threads)
-    ctx = zmq.Context()
-    events = socket(ctx, zmq.PUSH, endpoints.events)
-    driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control), run.cfg.supervision.driver_timeout_s)
+    ctx = ctx or zmq.Context()
+    events = socket(ctx, zmq.PUSH, endpoints.events, keys=endpoints.keys)
+    driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control, keys=endpoints.keys),
+                        run.cfg.supervision.driver_timeout_s)
     try:
         loop(ctx, events, driver)
     except DriverGone as exc:
@@ -64,7 +70,7 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
     for order in driver.poll():
         stop |= order["kind"] == "stop"
         if order["kind"] == "learner_restarted" and learner is not None:
-            learner.follow_restart(order.get("epoch"))
+            learner.follow_restart(order)
     return stop
 
 
@@ -78,20 +84,22 @@ def role_pool(token: str, role: str, pid: int):
 
 
 def actor_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, actor_id: int) -> None:
-    run_role(f"actor{actor_id}", run, run.cfg.topology.actor_threads, endpoints, driver_pid,
-             lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver))
+    run_role(f"actor{actor_id}", run, run.cfg.topology.actor_threads, endpoints,
+             lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver),
+             driver_pid=driver_pid)
 
 
 def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
-               ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
-    """Collect a fragment whenever the learner has granted a slot and the weights are new enough for it."""
+               ctx: zmq.Context, events: zmq.Socket, driver: DriverLink, same_machine: bool = True) -> None:
+    """Collect a fragment whenever the learner has granted a slot and the weights are new enough for it.
+    `same_machine`: the learner can map this actor's shared memory; else arrays travel as frames."""
     cfg = run.cfg
     name = f"actor{actor_id}"
     slots_count = cfg.balance.max_inflight
     learner = LearnerLink(ctx, endpoints, name, {"kind": "hello", "actor": actor_id, "slots": slots_count})
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
-    slots = SlotWriter(role_pool(token, name, os.getpid()), slots_count)
+    sender = SlotSender(role_pool(token, name, os.getpid()), slots_count) if same_machine else FrameSender()
     idle = zmq.Poller()  # waiting for a credit: wake for the learner and the driver, not for every publish
     for sock in (learner.link, driver.sock):
         idle.register(sock, zmq.POLLIN)
@@ -121,17 +129,16 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
             if can_start():
                 slot, _ = learner.credits.popleft()
                 fragment = actor.collect()
-                header = slots.write(slot, fragment.arrays)
-                header.update(kind="fragment", actor=actor_id, seq=fragment.seq, version=fragment.policy_version,
-                              env_steps=fragment.env_steps, epoch=learner.epoch)
-                learner.send(header)
+                sender.send(learner.link, slot, fragment.arrays, {
+                    "kind": "fragment", "actor": actor_id, "seq": fragment.seq, "version": fragment.policy_version,
+                    "env_steps": fragment.env_steps, "epoch": learner.epoch})
             if time.time() - last_event >= EVENT_INTERVAL_S:
                 reporter.bad_messages = learner.bad_messages
                 events.send(pack_header(reporter.event()))
                 last_event = time.time()
     finally:
         events.send(pack_header(reporter.event()))
-        slots.close()
+        sender.close()
         actor.envs.close()
 
 
@@ -139,8 +146,8 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
 
 
 def evaluator_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None) -> None:
-    run_role("evaluator", run, 1, endpoints, driver_pid,
-             lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver))
+    run_role("evaluator", run, 1, endpoints, lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
+             driver_pid=driver_pid)
 
 
 def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket,
@@ -174,8 +181,30 @@ def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, even
 
 
 def learner_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, epoch: int = 0) -> None:
-    run_role("learner", run, run.cfg.topology.learner_threads, endpoints, driver_pid,
-             lambda ctx, events, driver: learner_loop(run, endpoints, token, epoch, ctx, events, driver))
+    def loop(ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
+        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir), events, driver)
+
+    run_role("learner", run, run.cfg.topology.learner_threads, endpoints, loop, driver_pid=driver_pid)
+
+
+@dataclass
+class LearnerSockets:
+    """The learner's listening sockets; with TCP, the gatekeeper that refuses peers without the run's key."""
+
+    router: zmq.Socket  # hello, fragment notices in; weights replies, credits out
+    publisher: zmq.Socket  # weights, newest wins
+    gate: Gatekeeper | None
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return {"fragments": bound_endpoint(self.router), "weights": bound_endpoint(self.publisher)}
+
+
+def bind_learner(ctx: zmq.Context, endpoints: Endpoints) -> LearnerSockets:
+    """Bind where `endpoints` say (a TCP port `*` picks a free one; see `LearnerSockets.endpoints`)."""
+    gate = Gatekeeper(ctx, endpoints.keys) if endpoints.keys is not None else None
+    return LearnerSockets(socket(ctx, zmq.ROUTER, endpoints.fragments, bind=True, keys=endpoints.keys),
+                          socket(ctx, zmq.PUB, endpoints.weights, bind=True, keys=endpoints.keys), gate)
 
 
 def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
@@ -195,20 +224,19 @@ def _slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:
     return actor, slots
 
 
-def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
-                 ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
+def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSockets, store: FileStore | ShippedStore,
+                 events: zmq.Socket, driver: DriverLink) -> None:
     """Take fragments while the buffer has room, train when ready, publish weights, grant credits.
 
-    `epoch` > 0: a restart after a crash; the learner resumes from the last checkpoint.
+    `epoch` > 0: a restart after a crash; the learner resumes from the last checkpoint in `store`.
     """
     cfg = run.cfg
-    router = socket(ctx, zmq.ROUTER, endpoints.fragments, bind=True)
-    publisher = socket(ctx, zmq.PUB, endpoints.weights, bind=True)
+    router, publisher = sockets.router, sockets.publisher
     poller = zmq.Poller()
     for sock in (router, driver.sock):
         poller.register(sock, zmq.POLLIN)
 
-    learner = build_learner(cfg, run.checkpoint_dir if run.resumed or epoch > 0 else None)
+    learner = build_learner(cfg, store.load() if run.resumed or epoch > 0 else None)
     reporter = LearnerReporter(learner)
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
     credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
@@ -232,8 +260,9 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
             slot = header.get("slot")
             if not credits.arrived(identity, slot):
                 raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
-            try:
-                fragment = fragment_from_header(header, reader.read(header))
+            try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
+                arrays = reader.read(header) if "shm" in header else decode(frames)[1]
+                fragment = fragment_from_header(header, arrays)
             finally:  # read or rejected, the slot is the learner's again
                 credits.release(identity, slot)
             learner.consume(fragment)
@@ -241,8 +270,7 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
             raise WireError(f"unexpected message kind {header['kind']!r}")
 
     def checkpoint() -> None:
-        save_learner(run.checkpoint_dir, learner.state_dict())
-        events.send(pack_header({"kind": "checkpoint", "version": learner.version}))
+        events.send_multipart(store.save(learner.state_dict()))
 
     last_event = last_checkpoint = time.time()
     while True:
@@ -269,6 +297,7 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
                 {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
         now = time.time()
         if now - last_event >= EVENT_INTERVAL_S:
+            reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0
             events.send(pack_header(reporter.event()))
             last_event = now
         if now - last_checkpoint >= cfg.checkpoint.interval_s:
@@ -278,3 +307,5 @@ def learner_loop(run: RunContext, endpoints: Endpoints, token: str, epoch: int,
     events.send(pack_header(reporter.event()))
     events.send(pack_header({"kind": "stopped", "version": learner.version}))
     reader.close()
+    if sockets.gate is not None:
+        sockets.gate.stop()
