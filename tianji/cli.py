@@ -33,8 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                        help="override one config field, e.g. --set topology.actors=2 (repeatable)")
     train.add_argument("--run-dir", help="run directory (default: <logging.run_root>/<name>-<timestamp>)")
-    train.add_argument("--launcher", choices=["local", "inline"], default="local",
-                       help="local: one process per role (default); inline: all roles in this process")
+    train.add_argument("--launcher", choices=["local", "inline", "ray"], default="local",
+                       help="local: one process per role on this machine (default); inline: all roles in this "
+                       "process; ray: roles as Ray actors on a cluster (pip install 'tianji[ray]')")
+    train.add_argument("--address", help="with --launcher ray: the Ray cluster to join ('auto' or HOST:PORT; "
+                       "sets ray.address)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
 
     plan = sub.add_parser("plan", help="measure actor and learner rates and choose a layout (actors, envs per actor)")
@@ -77,6 +80,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _resolve_config(args: argparse.Namespace):
+    if args.address is not None:
+        args.overrides.append(f"ray.address={args.address}")
     if args.resume:
         from tianji.runtime.run import load_run_config
 

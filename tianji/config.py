@@ -163,6 +163,28 @@ class SupervisionConfig(_Section):
                                     "exits: the driver is gone (killed, OOM, closed session).")
 
 
+class RayConfig(_Section):
+    address: str | None = Field(
+        None, description="Ray cluster to join with --launcher ray: 'auto' (the cluster `ray start --head` made "
+        "on this machine), 'HOST:PORT', or null to start a Ray instance for this run only.")
+    strategy: Literal["PACK", "SPREAD"] = Field(
+        "PACK", description="Placement group strategy: PACK fills nodes one after another, SPREAD puts roles on "
+        "as many nodes as it can.")
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray resources the learner's bundle asks for, e.g. {gpu_node: 1} to "
+        "pin it to nodes started with --resources='{\"gpu_node\": 1}'.")
+    actor_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of each actor's bundle.")
+    evaluator_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of the "
+                                                  "evaluator's bundle.")
+    bind_all_interfaces: bool = Field(
+        False, description="Listen on every network interface instead of the node's cluster address (only behind "
+        "a firewall: every TCP link is CURVE-encrypted and refuses peers without the run's key either way).")
+    placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to place every role.")
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="Ray runtime_env for the roles (e.g. {env_vars: {PYTHONPATH: ...}} so "
+        "that nodes find your own environment module).")
+
+
 class CheckpointConfig(_Section):
     interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
 
@@ -180,6 +202,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig,
                                            description="Role restarts and failure detection.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray launcher (--launcher ray).")
 
     @model_validator(mode="after")
     def _eval_target_needs_eval(self) -> "Config":

@@ -87,7 +87,7 @@ class Monitor:
     def _on_learner(self, e: dict[str, Any]) -> None:
         self.version = int(e.get("version", self.version))
         for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices",
-                    "refused_peers"):
+                    "refused_peers", "fragments_in_frames"):
             self.totals[key] += int(e.get(key, 0))
         self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
         self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
@@ -217,6 +217,7 @@ class Monitor:
             "bad_messages": int(self.totals["bad_messages"]),
             "stale_notices": int(self.totals["stale_notices"]),
             "refused_peers": int(self.totals["refused_peers"]),
+            "fragments_over_network": int(self.totals["fragments_in_frames"]),  # the rest came through shared memory
             "role_restarts": int(self.totals["role_restarts"]),
             "learner_restarts": int(self.totals["learner_restarts"]),
             "updates": int(self.totals["updates"]),

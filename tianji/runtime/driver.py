@@ -15,7 +15,7 @@ import zmq
 
 from tianji.checkpoint import save_driver, save_learner_bytes
 from tianji.metrics import Monitor
-from tianji.runtime.links import HEARTBEAT_INTERVAL_S, log, log_rejected
+from tianji.runtime.links import ControlChannel, log, log_rejected
 from tianji.runtime.run import RunContext
 from tianji.wire import WireError, pack_header, unpack_header
 
@@ -50,7 +50,7 @@ class Roles(Protocol):
 
 
 class _Supervisor:
-    def __init__(self, run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: Roles):
+    def __init__(self, run: RunContext, monitor: Monitor, events: zmq.Socket, control: ControlChannel, roles: Roles):
         self.run, self.monitor, self.events, self.control, self.roles = run, monitor, events, control, roles
         self.started = time.time()
         self.last_seen: dict[str, float] = {}  # role -> time of its last event
@@ -107,16 +107,12 @@ class _Supervisor:
                                                **self.roles.learner_endpoints()}))
 
     def supervise(self) -> str:
-        last_heartbeat = 0.0
         while True:
             self.drain_events(timeout_ms=50)
             self.monitor.tick()
             reason = self.monitor.stop_reason()
             if reason is not None:
                 return reason
-            if time.time() - last_heartbeat >= HEARTBEAT_INTERVAL_S:
-                self.control.send(pack_header({"kind": "heartbeat"}))
-                last_heartbeat = time.time()
             self.check_roles()
 
     def shutdown(self) -> None:
@@ -129,7 +125,7 @@ class _Supervisor:
         self.drain_events(timeout_ms=0)
 
 
-def drive(run: RunContext, monitor: Monitor, events: zmq.Socket, control: zmq.Socket, roles: Roles) -> str:
+def drive(run: RunContext, monitor: Monitor, events: zmq.Socket, control: ControlChannel, roles: Roles) -> str:
     """Supervise the roles until a stop condition (or Ctrl-C), then stop them; returns the stop reason."""
     supervisor = _Supervisor(run, monitor, events, control, roles)
     try:

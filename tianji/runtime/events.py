@@ -39,6 +39,7 @@ class LearnerReporter:
         self.bad_messages = 0
         self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
         self.refused_peers = 0  # TCP handshakes refused: peers without the run's key (cumulative)
+        self.fragments_in_frames = 0  # arrays that came over the network rather than through shared memory
         self._deltas = _Deltas()
         self._deltas(self._counts())  # a resumed learner starts from its restored counters
 
@@ -54,6 +55,7 @@ class LearnerReporter:
             "bad_messages": self.bad_messages,
             "stale_notices": self.stale_notices,
             "refused_peers": self.refused_peers,
+            "fragments_in_frames": self.fragments_in_frames,
             "insert_blocked_s": lr.limiter.blocked_s["insert"],
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }

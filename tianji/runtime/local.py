@@ -17,7 +17,7 @@ import zmq
 
 from tianji.metrics import Monitor
 from tianji.runtime.driver import LEARNER, drive
-from tianji.runtime.links import Endpoints, log, new_token, socket, sweep_leftovers
+from tianji.runtime.links import ControlChannel, Endpoints, log, new_token, socket, sweep_leftovers
 from tianji.runtime.roles import actor_main, evaluator_main, learner_main, role_pool
 from tianji.runtime.run import RunContext
 from tianji.shm import remove_pools
@@ -31,12 +31,15 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
     token = new_token()
     endpoints = Endpoints.ipc(token)
     ctx = zmq.Context()
+    control = None
     try:
         events = socket(ctx, zmq.PULL, endpoints.events, bind=True)
-        control = socket(ctx, zmq.PUB, endpoints.control, bind=True)
+        control = ControlChannel(ctx, endpoints.control)
         roles = LocalRoles(run, endpoints, token)
         return drive(run, monitor, events, control, roles)
     finally:
+        if control is not None:
+            control.close()
         ctx.destroy(linger=0)
         remove_pools(token)
         for path in endpoints.ipc_paths():

@@ -261,7 +261,11 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
             if not credits.arrived(identity, slot):
                 raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
             try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
-                arrays = reader.read(header) if "shm" in header else decode(frames)[1]
+                if "shm" in header:
+                    arrays = reader.read(header)
+                else:
+                    arrays = decode(frames)[1]
+                    reporter.fragments_in_frames += 1
                 fragment = fragment_from_header(header, arrays)
             finally:  # read or rejected, the slot is the learner's again
                 credits.release(identity, slot)

@@ -20,7 +20,7 @@ from tianji.plan import needs_plan, resolve_layout
 
 log = logging.getLogger("tianji")
 
-LAUNCHERS = ("local", "inline")
+LAUNCHERS = ("local", "inline", "ray")
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,10 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
             from tianji.runtime.inline import run_inline
 
             reason = run_inline(run, monitor)
+        elif launcher == "ray":
+            from tianji.runtime.cluster import run_ray
+
+            reason = run_ray(run, monitor)
         else:
             from tianji.runtime.local import run_local
 

@@ -1,0 +1,126 @@
+"""The TCP data plane: CURVE encryption with the run's keys, and peers without them refused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket as pysocket
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from tianji.checkpoint import FileStore
+from tianji.config import SupervisionConfig
+from tianji.runtime.links import Endpoints, socket
+from tianji.runtime.roles import bind_learner, learner_loop, run_role
+from tianji.runtime.run import RunContext
+from tianji.runtime.security import CurveKeys, join
+from tianji.wire import decode, encode, pack_header, unpack_header
+
+
+def free_tcp() -> str:
+    with pysocket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def tcp_learner(run, endpoints, token):
+    def loop(ctx, events, driver):
+        learner_loop(run, token, 0, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir), events, driver)
+
+    run_role("learner", run, 1, endpoints, loop, driver_pid=os.getppid())
+
+
+def fragment_frames(cfg, slot):
+    T, k = cfg.topology.fragment_length, cfg.topology.envs_per_actor
+    arrays = {
+        "obs": np.zeros((T, k, 4), np.float32), "action": np.zeros((T, k), np.int64),
+        "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
+        "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
+        "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool), "bootstrap_value": np.zeros(k, np.float32),
+    }
+    return encode({"kind": "fragment", "slot": slot, "actor": 0, "seq": slot, "version": 0, "env_steps": T * k,
+                   "epoch": 0}, arrays)
+
+
+@pytest.fixture
+def secured_learner(tiny_config, tmp_path):
+    keys = CurveKeys.new()
+    endpoints = Endpoints(free_tcp(), free_tcp(), free_tcp(), free_tcp(), keys)
+    cfg = tiny_config().model_copy(update={"supervision": SupervisionConfig(driver_timeout_s=600)})
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    ctx = zmq.Context()
+    events = socket(ctx, zmq.PULL, endpoints.events, bind=True, keys=keys)
+    control = socket(ctx, zmq.PUB, endpoints.control, bind=True, keys=keys)
+    process = multiprocessing.get_context("fork").Process(target=tcp_learner, args=(run, endpoints, "sec"))
+    process.start()
+    yield cfg, endpoints, ctx, events
+    for _ in range(50):
+        control.send(pack_header({"kind": "stop"}))
+        process.join(0.1)
+        if not process.is_alive():
+            break
+    if process.is_alive():
+        process.kill()
+    ctx.destroy(linger=0)
+
+
+def intruder(ctx, endpoint, server_public: str | None):
+    """A DEALER that knows the learner's public key (or nothing at all), but not the run's client key."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if server_public is not None:
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server_public.encode(), public, secret
+    sock.connect(endpoint)
+    return sock
+
+
+def test_peers_without_the_run_key_are_refused_and_nothing_they_send_is_trained(secured_learner):
+    cfg, endpoints, ctx, events = secured_learner
+    intruders = [intruder(ctx, endpoints.fragments, endpoints.keys.server_public),
+                 intruder(ctx, endpoints.fragments, None)]
+    for sock in intruders:  # well-formed messages: hello, then fragments for every slot
+        sock.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
+        for slot in range(2):
+            sock.send_multipart(fragment_frames(cfg, slot))
+    totals = {"refused_peers": 0, "updates": 0, "fragments_consumed": 0}
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        if events.poll(200):
+            event = unpack_header(events.recv_multipart()[0])
+            if event["kind"] == "learner":
+                totals = {k: max(totals[k], event.get(k, 0)) if k == "refused_peers" else totals[k] + event.get(k, 0)
+                          for k in totals}
+    assert not any(sock.poll(0) for sock in intruders), "an intruder got an answer"
+    assert totals["refused_peers"] >= 1 and totals["updates"] == 0 and totals["fragments_consumed"] == 0
+
+    # the run's own client gets its weights and its fragments are trained on
+    member = ctx.socket(zmq.DEALER)
+    join(member, endpoints.keys)
+    member.connect(endpoints.fragments)
+    member.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
+    assert member.poll(20_000)
+    header, weights = decode(member.recv_multipart())
+    assert header["kind"] == "weights" and "pi.0.weight" in weights
+    credit = None
+    while credit is None or credit["kind"] != "credit":
+        assert member.poll(20_000)
+        credit = unpack_header(member.recv_multipart()[0])
+    member.send_multipart(fragment_frames(cfg, credit["slot"]))
+    deadline, updates = time.time() + 20, 0
+    while updates == 0 and time.time() < deadline:
+        if events.poll(200):
+            updates += unpack_header(events.recv_multipart()[0]).get("updates", 0)
+    assert updates >= 1
+
+
+def test_tcp_sockets_refuse_to_run_without_keys():
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(ValueError, match="TCP sockets need the run's CURVE keys"):
+            socket(ctx, zmq.PULL, free_tcp(), bind=True)
+    finally:
+        ctx.destroy(linger=0)

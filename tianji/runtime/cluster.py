@@ -1,0 +1,303 @@
+"""Ray launcher: the same role loops as Ray actors on a cluster.
+
+Ray does what it is good at: placing processes on nodes (one placement group, a bundle per role),
+starting and restarting them, and carrying small control messages (where a role runs, where the
+learner listens, the run's keys). Samples and weights never go through Ray: they travel on
+TianJi's own data plane, shared-memory slots when an actor and the learner share a node and
+CURVE-encrypted ZeroMQ TCP between nodes. The driver stays the supervising process, as with the
+local launcher (`tianji.runtime.driver`).
+
+    tianji train cartpole-ppo --launcher ray                  # a Ray instance for this run only
+    tianji train cartpole-ppo --launcher ray --address auto   # the cluster `ray start --head` made
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from tianji.checkpoint import LEARNER_FILE, ShippedStore
+from tianji.config import Config, ConfigError, build_config
+from tianji.metrics import Monitor
+from tianji.runtime.driver import LEARNER, RoleError, drive
+from tianji.runtime.links import ControlChannel, Endpoints, bound_endpoint, log, new_token, socket, sweep_leftovers
+from tianji.runtime.roles import actor_loop, bind_learner, evaluator_loop, learner_loop, run_role
+from tianji.runtime.run import RunContext
+from tianji.runtime.security import CurveKeys, Gatekeeper
+
+ANY_INTERFACE = "0.0.0.0"
+LOOPBACK = "127.0.0.1"
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--launcher ray needs Ray: pip install 'tianji[ray]'") from None
+    return ray
+
+
+def _run_to_json(run: RunContext) -> str:
+    return json.dumps({"config": run.cfg.model_dump(mode="json"), "run_dir": str(run.run_dir), "t0": run.t0,
+                       "resumed": run.resumed})
+
+
+def _run_from_json(text: str) -> RunContext:
+    raw = json.loads(text)
+    return RunContext(build_config(raw["config"]), Path(raw["run_dir"]), raw["t0"], raw["resumed"])
+
+
+class RoleHost:
+    """One role inside a Ray actor process: says where it runs, binds (the learner), runs its loop.
+    Everything it receives is plain text or bytes (JSON, keys, a checkpoint), never objects."""
+
+    def __init__(self, name: str, run_json: str, token: str):
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        self.name, self.run, self.token = name, _run_from_json(run_json), token
+        self.learner_ctx: zmq.Context | None = None
+        self.sockets = None
+        sweep_leftovers()  # slot files and sockets of dead runs on this node
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "ip": ray.util.get_node_ip_address()}
+
+    def bind(self, endpoints_json: str, all_interfaces: bool) -> dict[str, str]:
+        """The learner listens on this node's cluster address at free ports; returns where."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        host = ANY_INTERFACE if all_interfaces else ip
+        endpoints = replace(Endpoints.from_dict(json.loads(endpoints_json)),
+                            fragments=f"tcp://{host}:*", weights=f"tcp://{host}:*")
+        self.learner_ctx = zmq.Context()
+        self.sockets = bind_learner(self.learner_ctx, endpoints)
+        return {k: v.replace(ANY_INTERFACE, ip) for k, v in self.sockets.endpoints.items()}
+
+    def run(self, wiring_json: str, restore: bytes | None = None) -> None:
+        wiring = json.loads(wiring_json)
+        endpoints = Endpoints.from_dict(wiring["endpoints"])
+        run, topology = self.run, self.run.cfg.topology
+        if self.name == LEARNER:
+            def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
+                learner_loop(run, self.token, wiring["epoch"], self.sockets, ShippedStore(restore), events, driver)
+
+            run_role(self.name, run, topology.learner_threads, endpoints, loop, ctx=self.learner_ctx,
+                     own_process=False)
+        elif self.name == "evaluator":
+            run_role(self.name, run, 1, endpoints,
+                     lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver), own_process=False)
+        else:
+            actor_id = int(self.name[len("actor"):])
+            run_role(self.name, run, topology.actor_threads, endpoints,
+                     lambda ctx, events, driver: actor_loop(run, endpoints, self.token, actor_id, ctx, events, driver,
+                                                            same_machine=wiring["same_machine"]),
+                     own_process=False)
+
+
+def bundles(cfg: Config) -> dict[str, dict[str, float]]:
+    """One placement-group bundle per role: CPUs (threads) plus the custom resources that pin it."""
+    r = cfg.ray
+    out = {LEARNER: {"CPU": float(cfg.topology.learner_threads), **r.learner_resources}}
+    for i in range(int(cfg.topology.actors)):
+        out[f"actor{i}"] = {"CPU": float(cfg.topology.actor_threads), **r.actor_resources}
+    if cfg.eval.interval_s is not None:
+        out["evaluator"] = {"CPU": 1.0, **r.evaluator_resources}
+    return out
+
+
+class RayRoles:
+    """Roles as Ray actors in one placement group. Actors and the evaluator are restarted by Ray
+    (max_restarts); the learner is replaced by a new Ray actor in its bundle, with the next epoch,
+    resuming from the last checkpoint."""
+
+    def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str):
+        from ray.util.placement_group import placement_group
+
+        self.ray, self.run, self.token = ray, run, token
+        self.endpoints = endpoints  # the driver's; the learner's are added once it has bound
+        self.learner_epoch = 0
+        self.bundles = bundles(run.cfg)
+        self.handles: dict[str, Any] = {}
+        self.refs: dict[str, Any] = {}
+        self.places: dict[str, dict[str, Any]] = {}
+        self.learner_at: dict[str, str] = {}
+        self._run_json = _run_to_json(run)
+        self.pg = placement_group(list(self.bundles.values()), strategy=run.cfg.ray.strategy)
+        try:
+            self._wait_for_placement()
+            for name in self.bundles:
+                self.handles[name] = self._create(name)
+            self._locate(list(self.bundles))
+            self._bind_learner()
+            for name in self.bundles:
+                self._run(name)
+        except BaseException:
+            self.stop_all()
+            raise
+        self._record()
+
+    # ------------------------------------------------------------ Roles protocol
+    def names(self) -> list[str]:
+        return list(self.bundles)
+
+    def alive(self, name: str) -> bool:
+        ready, _ = self.ray.wait([self.refs[name]], timeout=0)
+        return not ready
+
+    def exitcode(self, name: str) -> int | str | None:
+        if self.alive(name):
+            return None
+        try:
+            self.ray.get(self.refs[name], timeout=0)
+            return 0
+        except Exception as exc:  # RayActorError (process died), RayTaskError (the loop raised)
+            return type(exc).__name__
+
+    def restart(self, name: str) -> None:
+        if name == LEARNER:  # a new Ray actor in the learner's bundle; it resumes from the checkpoint
+            self.ray.kill(self.handles[name], no_restart=True)
+            self.learner_epoch += 1
+            self.handles[name] = self._create(name)
+            self._locate([name])
+            self._bind_learner()
+        elif self.alive(name):  # silent, not dead: kill it, Ray starts it again
+            self.ray.kill(self.handles[name], no_restart=False)
+        if name != LEARNER:
+            self._locate([name])  # waits until Ray has restarted the process
+        self._run(name)
+        self._record()
+
+    def learner_endpoints(self) -> dict[str, str]:
+        return dict(self.learner_at)
+
+    def stop_all(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for handle in self.handles.values():
+            self.ray.kill(handle, no_restart=True)
+        remove_placement_group(self.pg)
+
+    # ------------------------------------------------------------ placement and start
+    def _wait_for_placement(self) -> None:
+        ready, _ = self.ray.wait([self.pg.ready()], timeout=self.run.cfg.ray.placement_timeout_s)
+        if not ready:
+            raise RoleError(f"the Ray cluster could not place the run's roles within "
+                            f"{self.run.cfg.ray.placement_timeout_s:.0f} s: bundles {self.bundles} "
+                            f"({self.run.cfg.ray.strategy}), cluster resources {self.ray.cluster_resources()}")
+
+    def _create(self, name: str) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.bundles[name]
+        options = {
+            "num_cpus": bundle["CPU"],
+            "num_gpus": bundle.get("GPU", 0),
+            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=list(self.bundles).index(name)),
+            "max_restarts": 0 if name == LEARNER else self.run.cfg.supervision.max_actor_restarts,
+            "max_task_retries": 0,  # a failed loop is reported to the driver, which starts it again
+        }
+        return self.ray.remote(RoleHost).options(**options).remote(name, self._run_json, self.token)
+
+    def _locate(self, names: list[str]) -> None:
+        """Ask each role where it runs; waits while Ray (re)starts its process."""
+        from ray.exceptions import ActorUnavailableError
+
+        deadline = time.time() + self.run.cfg.ray.placement_timeout_s
+        for name in names:
+            while True:
+                try:
+                    place = self.ray.get(self.handles[name].where.remote(), timeout=max(1.0, deadline - time.time()))
+                    break
+                except ActorUnavailableError:  # restarting: ask again
+                    if time.time() > deadline:
+                        raise RoleError(f"{name} did not come back within {self.run.cfg.ray.placement_timeout_s:.0f} s")
+                    time.sleep(0.2)
+            self.places[name] = place
+            log.info("%s runs on node %s (%s), pid %d", name, place["node"][:12], place["ip"], place["pid"])
+
+    def _bind_learner(self) -> None:
+        bind = self.handles[LEARNER].bind.remote(json.dumps(self.endpoints.as_dict()),
+                                                 self.run.cfg.ray.bind_all_interfaces)
+        self.learner_at = self.ray.get(bind, timeout=self.run.cfg.ray.placement_timeout_s)
+
+    def _run(self, name: str) -> None:
+        same_machine = self.places[name]["node"] == self.places[LEARNER]["node"]
+        wiring = {"endpoints": replace(self.endpoints, **self.learner_at).as_dict(), "epoch": self.learner_epoch,
+                  "same_machine": same_machine}
+        self.refs[name] = self.handles[name].run.remote(json.dumps(wiring), self._restore() if name == LEARNER else None)
+
+    def _restore(self) -> bytes | None:
+        """The checkpoint a (re)started learner resumes from: it may run on another machine."""
+        path = self.run.checkpoint_dir / LEARNER_FILE
+        if (self.run.resumed or self.learner_epoch > 0) and path.is_file():
+            return path.read_bytes()
+        return None
+
+    def _record(self) -> None:
+        """roles.json (pids) and placement.json (node, address and pid of every role)."""
+        (self.run.run_dir / "roles.json").write_text(json.dumps({n: p["pid"] for n, p in self.places.items()}))
+        (self.run.run_dir / "placement.json").write_text(json.dumps(self.places, indent=2))
+
+
+def loopback_only(ray: Any) -> None:
+    """A Ray instance for this machine alone: Ray's processes and every TianJi socket on loopback.
+    (Ray otherwise swaps 127.0.0.1 for the machine's network address; this switch is how it lets a
+    single machine keep to loopback, in this process and the Ray processes it starts.)"""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _start_or_join(ray: Any, cfg: Config) -> bool:
+    """Join `ray.address`, or start a Ray instance for this run; True when started here (to shut down)."""
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = {"include_dashboard": False, "runtime_env": cfg.ray.runtime_env or None}
+    if cfg.ray.address is None:
+        needed = sum(b["CPU"] for b in bundles(cfg).values())
+        loopback_only(ray)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), _node_ip_address=LOOPBACK,
+                 **options)
+    else:
+        ray.init(address=cfg.ray.address, **options)
+    return True
+
+
+def run_ray(run: RunContext, monitor: Monitor) -> str:
+    """Place the roles on the Ray cluster, supervise them until a stop condition, stop them cleanly."""
+    ray = import_ray()
+    cfg = run.cfg
+    started_here = _start_or_join(ray, cfg)
+    keys = CurveKeys.new()
+    ctx = zmq.Context()
+    gate = Gatekeeper(ctx, keys)
+    ip = ray.util.get_node_ip_address()
+    host = ANY_INTERFACE if cfg.ray.bind_all_interfaces else ip
+    control = None
+    try:
+        events = socket(ctx, zmq.PULL, f"tcp://{host}:*", bind=True, keys=keys)
+        control = ControlChannel(ctx, f"tcp://{host}:*", keys)
+        endpoints = Endpoints("", "", bound_endpoint(events).replace(ANY_INTERFACE, ip),
+                              control.endpoint.replace(ANY_INTERFACE, ip), keys)
+        roles = RayRoles(ray, run, endpoints, new_token())
+        reason = drive(run, monitor, events, control, roles)
+        monitor.totals["refused_peers"] += gate.refused
+        return reason
+    finally:
+        if control is not None:
+            control.close()
+        gate.stop()
+        ctx.destroy(linger=0)
+        if started_here:
+            ray.shutdown()
