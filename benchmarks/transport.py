@@ -1,12 +1,14 @@
-"""Data-plane throughput: shared-memory slots and the ZeroMQ wire format, next to a plain memcpy.
+"""Data-plane throughput: shared-memory slots and the ZeroMQ wire format, next to a plain memcpy,
+and over TCP loopback next to raw ZeroMQ TCP, with and without CURVE encryption.
 
-    python benchmarks/transport.py [--seconds 2]
+    python benchmarks/transport.py [--seconds 1.5] [--repeats 3]
 
 Prints GB/s for a 1 MiB payload and for an Atari-sized fragment (32 steps x 8 envs x 84x84x4 uint8),
 each measured in this run beside memcpy of the same size, with the ratio to memcpy.
 Same-machine path: the producer copies into a shared-memory slot and sends only the header over
-ZeroMQ ipc; the consumer copies the arrays out and returns the credit. The wire path sends the
-bytes themselves (used across machines).
+ZeroMQ ipc; the consumer copies the arrays out and returns the credit. The wire paths send the
+bytes themselves (across machines: TCP, CURVE-encrypted in TianJi); "raw zmq tcp" sends one plain
+frame per payload with no header, no checks and no encryption: the yardstick for TianJi's TCP rows.
 """
 
 from __future__ import annotations
@@ -47,12 +49,31 @@ def memcpy_gbps(arrays, seconds: float, working_set: int = 256 << 20) -> float:
     return n * size / (time.perf_counter() - start) / 1e9
 
 
-def _producer(endpoint: str, token: str, name: str, seconds: float, use_shm: bool, slots: int) -> None:
+PATHS = {  # label -> (transport, TianJi wire format, CURVE)
+    "shared memory + ipc header": ("shm", True, False),
+    "zmq ipc, bytes on the wire": ("ipc", True, False),
+    "raw zmq tcp (yardstick)": ("tcp", False, False),
+    "tianji tcp, CURVE off": ("tcp", True, False),
+    "tianji tcp, CURVE on": ("tcp", True, True),
+}
+
+
+def _secure(sock: zmq.Socket, keys: dict | None, server: bool) -> None:
+    if keys is not None:
+        from tianji.runtime.security import CurveKeys, join, serve
+
+        (serve if server else join)(sock, CurveKeys(**keys))
+
+
+def _producer(endpoint: str, token: str, name: str, seconds: float, path: str, slots: int, keys: dict | None) -> None:
+    transport, tianji_format, _ = PATHS[path]
     arrays = PAYLOADS[name]
+    raw = next(iter(arrays.values())).reshape(-1)
     ctx = zmq.Context()
     link = ctx.socket(zmq.DEALER)
+    _secure(link, keys, server=False)
     link.connect(endpoint)
-    writer = SlotWriter(pool_path(token, "bench"), slots) if use_shm else None
+    writer = SlotWriter(pool_path(token, "bench"), slots) if transport == "shm" else None
     free = list(range(slots))
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -61,40 +82,66 @@ def _producer(endpoint: str, token: str, name: str, seconds: float, use_shm: boo
         slot = free.pop()
         if writer is not None:
             link.send(pack_header({"kind": "fragment", **writer.write(slot, arrays)}))
-        else:
+        elif tianji_format:
             link.send_multipart(encode({"kind": "fragment", "slot": slot}, arrays), copy=False)
+        else:
+            link.send_multipart([slot.to_bytes(2, "little"), raw], copy=False)
     link.send(pack_header({"kind": "done"}))
     ctx.destroy(linger=1000)
 
 
-def transfer_gbps(name: str, seconds: float, use_shm: bool, slots: int = 4) -> float:
+def _endpoint(transport: str, token: str) -> str:
+    if transport == "tcp":
+        return "tcp://127.0.0.1:*"
+    return f"ipc://{tempfile.gettempdir()}/tianji-bench-{token}"
+
+
+def transfer_gbps(name: str, seconds: float, path: str, slots: int = 4) -> float:
+    transport, tianji_format, curve = PATHS[path]
     token = secrets.token_hex(4)
-    endpoint = f"ipc://{tempfile.gettempdir()}/tianji-bench-{token}"
     ctx = zmq.Context()
+    keys = gate = None
+    if curve:
+        from tianji.runtime.security import CurveKeys, Gatekeeper
+
+        keys = CurveKeys.new()
+        gate = Gatekeeper(ctx, keys)
     router = ctx.socket(zmq.ROUTER)
-    router.bind(endpoint)
+    _secure(router, keys and keys.as_dict(), server=True)
+    router.bind(_endpoint(transport, token))
+    endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
     reader = SlotReader(f"tianji-{token}-")
     proc = multiprocessing.get_context("fork").Process(
-        target=_producer, args=(endpoint, token, name, seconds, use_shm, slots))
+        target=_producer, args=(endpoint, token, name, seconds, path, slots, keys and keys.as_dict()))
     proc.start()
     received, start = 0, None
     while True:
         identity, *frames = router.recv_multipart(copy=False)
-        header = unpack_header(frames[0])
-        if header["kind"] == "done":
-            break
+        if tianji_format or len(frames) == 1:
+            header = unpack_header(frames[0])
+            if header["kind"] == "done":
+                break
+            slot = header["slot"]
+        else:
+            slot = int.from_bytes(frames[0].bytes, "little")
         if start is None:
-            start = time.perf_counter()  # from the first arrival: excludes process start
-            continue
-        arrays = reader.read(header) if use_shm else {k: v.copy() for k, v in decode(frames)[1].items()}
-        router.send_multipart([identity, pack_header({"kind": "credit", "slot": header["slot"]})])
-        received += nbytes(arrays)
+            start = time.perf_counter()  # from the first arrival: excludes process start and handshakes
+        elif transport == "shm":
+            received += nbytes(reader.read(header))
+        elif tianji_format:
+            received += nbytes({k: v.copy() for k, v in decode(frames)[1].items()})
+        else:
+            received += np.frombuffer(frames[1].buffer, np.uint8).copy().nbytes
+        router.send_multipart([identity, pack_header({"kind": "credit", "slot": slot})])
     elapsed = time.perf_counter() - start
     proc.join()
     reader.close()
     remove_pools(token)
+    if gate is not None:
+        gate.stop()
     ctx.destroy(linger=0)
-    Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+    if endpoint.startswith("ipc://"):
+        Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
     return received / elapsed / 1e9
 
 
@@ -103,14 +150,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
     args = parser.parse_args()
-    print(f"{'payload':<30} {'path':<26} {'GB/s':>7} {'memcpy GB/s':>12} {'ratio':>6}")
+    print(f"{'payload':<30} {'path':<28} {'GB/s':>7} {'memcpy GB/s':>12} {'ratio':>6} {'/ raw tcp':>9}")
     for name, arrays in PAYLOADS.items():
-        for label, use_shm in (("shared memory + ipc header", True), ("zmq ipc, bytes on the wire", False)):
-            pairs = [(transfer_gbps(name, args.seconds, use_shm), memcpy_gbps(arrays, args.seconds / 2))
-                     for _ in range(args.repeats)]
-            rate = statistics.median(p[0] for p in pairs)
-            base = statistics.median(p[1] for p in pairs)
-            print(f"{name:<30} {label:<26} {rate:7.2f} {base:12.2f} {rate / base:6.2f}")
+        rates: dict[str, list[float]] = {path: [] for path in PATHS}
+        copies: list[float] = []
+        for _ in range(args.repeats):  # paths take turns, so drift hits every row alike
+            for path in PATHS:
+                rates[path].append(transfer_gbps(name, args.seconds, path))
+            copies.append(memcpy_gbps(arrays, args.seconds / 2))
+        base = statistics.median(copies)
+        raw = statistics.median(rates["raw zmq tcp (yardstick)"])
+        for path, values in rates.items():
+            rate = statistics.median(values)
+            versus_raw = f"{rate / raw:9.2f}" if PATHS[path][0] == "tcp" else ""
+            print(f"{name:<30} {path:<28} {rate:7.2f} {base:12.2f} {rate / base:6.2f} {versus_raw}")
     print("GB/s counts payload bytes delivered into the consumer's own memory (one copy out of the transport).")
 
 

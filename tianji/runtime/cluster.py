@@ -270,8 +270,23 @@ def _start_or_join(ray: Any, cfg: Config) -> bool:
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), _node_ip_address=LOOPBACK,
                  **options)
     else:
-        ray.init(address=cfg.ray.address, **options)
+        address = _resolve_address(cfg.ray.address)
+        if address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]"):
+            loopback_only(ray)  # a cluster started on loopback (`ray start --head --node-ip-address=127.0.0.1`)
+        ray.init(address=address, **options)
     return True
+
+
+def _resolve_address(address: str) -> str:
+    """'auto' names the cluster `ray start` recorded on this machine (or RAY_ADDRESS)."""
+    if address != "auto":
+        return address
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        return get_ray_address_from_environment("auto", None) or address
+    except Exception:  # Ray's internals moved: let ray.init resolve it
+        return address
 
 
 def run_ray(run: RunContext, monitor: Monitor) -> str:
