@@ -43,14 +43,15 @@ def cluster_config(two_nodes, tmp_path, *overrides: str):
         *overrides])
 
 
-def test_actors_on_the_worker_node_send_fragments_over_tcp_and_reach_the_target(two_nodes, tmp_path, caplog):
+def test_actors_on_the_worker_node_send_fragments_over_tcp_and_reach_the_target(two_nodes, tmp_path, caplog, capsys):
     cfg = cluster_config(two_nodes, tmp_path)
     with caplog.at_level("INFO", logger="tianji"):
         run_dir, summary = train(cfg, "ray")
     assert summary["target_reached"], summary
     places = json.loads((run_dir / "placement.json").read_text())
-    for name, place in places.items():
-        print(f"{name} ran on node {place['node'][:12]} ({place['ip']}), pid {place['pid']}")
+    with capsys.disabled():  # in the CI log even when the test passes
+        for name, place in places.items():
+            print(f"\n  two-node run: {name} ran on node {place['node'][:12]} ({place['ip']}), pid {place['pid']}", end="")
     assert places["actor0"]["node"] == places["actor1"]["node"] != places["learner"]["node"]
     assert all(place["ip"] == "127.0.0.1" for place in places.values())
     assert summary["fragments_over_network"] == summary["fragments_trained"] > 0  # no shared memory across nodes

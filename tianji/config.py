@@ -170,6 +170,8 @@ class RayConfig(_Section):
     strategy: Literal["PACK", "SPREAD"] = Field(
         "PACK", description="Placement group strategy: PACK fills nodes one after another, SPREAD puts roles on "
         "as many nodes as it can.")
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs in the learner's bundle (the learner then runs "
+                                "where a GPU is free).")
     learner_resources: dict[str, float] = Field(
         default_factory=dict, description="Extra Ray resources the learner's bundle asks for, e.g. {gpu_node: 1} to "
         "pin it to nodes started with --resources='{\"gpu_node\": 1}'.")

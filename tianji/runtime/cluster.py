@@ -108,6 +108,8 @@ def bundles(cfg: Config) -> dict[str, dict[str, float]]:
     """One placement-group bundle per role: CPUs (threads) plus the custom resources that pin it."""
     r = cfg.ray
     out = {LEARNER: {"CPU": float(cfg.topology.learner_threads), **r.learner_resources}}
+    if r.learner_gpus:
+        out[LEARNER]["GPU"] = r.learner_gpus
     for i in range(int(cfg.topology.actors)):
         out[f"actor{i}"] = {"CPU": float(cfg.topology.actor_threads), **r.actor_resources}
     if cfg.eval.interval_s is not None:
