@@ -77,7 +77,7 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_tar
     process = start_training(run_dir, "checkpoint.interval_s=0.5", "stop.max_wall_time_s=120")
     try:
         assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
-        victim = json.loads((run_dir / "roles.json").read_text())["learner"]
+        victim = json.loads((run_dir / "roles.json").read_text())["learner0"]
         restored_from = checkpoint_version(run_dir)
         os.kill(victim, signal.SIGKILL)
         output, _ = process.communicate(timeout=150)
@@ -88,7 +88,7 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_tar
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target_reached"], summary
     assert summary["learner_restarts"] == 1 and summary["role_restarts"] == 0
-    assert json.loads((run_dir / "roles.json").read_text())["learner"] != victim
+    assert json.loads((run_dir / "roles.json").read_text())["learner0"] != victim
     assert summary["policy_lag_max"] <= 8
     # the new learner started from the checkpoint, not from scratch
     versions = [int(float(r["balance/policy_version"])) for r in csv.DictReader(open(run_dir / "metrics.csv"))]
@@ -102,7 +102,7 @@ def test_a_restarted_learner_that_keeps_failing_ends_the_run(tmp_path):
                              "supervision.max_learner_restarts=0")
     try:
         assert wait_for(lambda: (run_dir / "roles.json").exists(), 60)
-        os.kill(json.loads((run_dir / "roles.json").read_text())["learner"], signal.SIGKILL)
+        os.kill(json.loads((run_dir / "roles.json").read_text())["learner0"], signal.SIGKILL)
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

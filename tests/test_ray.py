@@ -52,7 +52,7 @@ def test_actors_on_the_worker_node_send_fragments_over_tcp_and_reach_the_target(
     with capsys.disabled():  # in the CI log even when the test passes
         for name, place in places.items():
             print(f"\n  two-node run: {name} ran on node {place['node'][:12]} ({place['ip']}), pid {place['pid']}", end="")
-    assert places["actor0"]["node"] == places["actor1"]["node"] != places["learner"]["node"]
+    assert places["actor0"]["node"] == places["actor1"]["node"] != places["learner0"]["node"]
     assert all(place["ip"] == "127.0.0.1" for place in places.values())
     assert summary["fragments_over_network"] == summary["fragments_trained"] > 0  # no shared memory across nodes
     assert summary["refused_peers"] == 0 and summary["fragments_dropped"] == 0

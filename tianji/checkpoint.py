@@ -14,6 +14,11 @@ LEARNER_FILE = "learner.pt"
 DRIVER_FILE = "driver.json"
 
 
+def learner_file(rank: int = 0) -> str:
+    """Rank 0 writes learner.pt (the model users load); the other learners of a group their own state."""
+    return LEARNER_FILE if rank == 0 else f"learner-rank{rank}.pt"
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the text names the file and the reason."""
 
@@ -25,14 +30,14 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
 
-def save_learner(directory: Path, state: dict[str, Any]) -> Path:
-    path = directory / LEARNER_FILE
+def save_learner(directory: Path, state: dict[str, Any], rank: int = 0) -> Path:
+    path = directory / learner_file(rank)
     _atomic_write(path, lambda tmp: torch.save(state, tmp))
     return path
 
 
-def load_learner(directory: Path) -> dict[str, Any] | None:
-    path = directory / LEARNER_FILE
+def load_learner(directory: Path, rank: int = 0) -> dict[str, Any] | None:
+    path = directory / learner_file(rank)
     if not path.exists():
         return None
     return _checked_state(path, path)
@@ -48,9 +53,9 @@ def learner_state_to_bytes(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def save_learner_bytes(directory: Path, data: bytes) -> Path:
+def save_learner_bytes(directory: Path, data: bytes, rank: int = 0) -> Path:
     """Write a checkpoint that a learner on another machine sent (already serialized)."""
-    path = directory / LEARNER_FILE
+    path = directory / learner_file(rank)
     _atomic_write(path, lambda tmp: tmp.write_bytes(data))
     return path
 
@@ -68,36 +73,40 @@ def _checked_state(source: Any, name: Any) -> dict[str, Any]:
 class FileStore:
     """Where a learner on the driver's machine keeps its checkpoint: the run directory itself."""
 
-    def __init__(self, directory: Path):
-        self.directory = directory
+    def __init__(self, directory: Path, rank: int = 0):
+        self.directory, self.rank = directory, rank
 
     def load(self) -> dict[str, Any] | None:
-        return load_learner(self.directory)
+        state = load_learner(self.directory, self.rank)
+        if state is None and self.rank > 0 and (self.directory / LEARNER_FILE).exists():
+            raise CheckpointError(f"{self.directory}: no {learner_file(self.rank)}; resume with as many learners "
+                                  "(topology.learners) as the run had")
+        return state
 
     def save(self, state: dict[str, Any]) -> list[bytes]:
         """Write the checkpoint; returns the frames of the notice for the driver."""
-        save_learner(self.directory, state)
-        return [_notice(state)]
+        save_learner(self.directory, state, self.rank)
+        return [_notice(state, self.rank)]
 
 
 class ShippedStore:
     """A learner on another machine: it starts from the checkpoint the driver sent (bytes, or none)
     and ships each new one to the driver, which writes the run directory."""
 
-    def __init__(self, restore: bytes | None):
-        self.restore = restore
+    def __init__(self, restore: bytes | None, rank: int = 0):
+        self.restore, self.rank = restore, rank
 
     def load(self) -> dict[str, Any] | None:
         return None if self.restore is None else learner_state_from_bytes(self.restore, "checkpoint from the driver")
 
     def save(self, state: dict[str, Any]) -> list[bytes]:
-        return [_notice(state), learner_state_to_bytes(state)]
+        return [_notice(state, self.rank), learner_state_to_bytes(state)]
 
 
-def _notice(state: dict[str, Any]) -> bytes:
+def _notice(state: dict[str, Any], rank: int) -> bytes:
     from tianji.wire import pack_header
 
-    return pack_header({"kind": "checkpoint", "version": int(state["version"])})
+    return pack_header({"kind": "checkpoint", "version": int(state["version"]), "rank": rank})
 
 
 def save_driver(directory: Path, state: dict[str, Any]) -> None:

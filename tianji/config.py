@@ -106,6 +106,9 @@ AlgoConfig = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):
+    learners: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="Learner processes, each with its own actors (assigned evenly), buffer, credits and lag "
+        "accounting, kept in step by torch.distributed (see sync.*); auto: chosen by measurement with the actors.")
     actors: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         1, description="Actor processes (each runs a vector of envs and its own policy inference); "
         "auto: chosen by measurement at start-up (see `tianji plan`).")
@@ -115,6 +118,18 @@ class TopologyConfig(_Section):
     fragment_length: int = Field(32, ge=1, description="Steps per env in one fragment pushed to the learner.")
     actor_threads: int = Field(1, ge=1, description="torch threads per actor process.")
     learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
+
+
+class SyncConfig(_Section):
+    mode: Literal["allreduce", "average"] = Field(
+        "allreduce", description="With several learners: allreduce averages gradients at every optimizer step "
+        "(identical weights, learners wait for each other); average averages parameters every sync.every updates "
+        "with an asynchronous collective while each learner keeps training (the relaxed dependency).")
+    every: int = Field(1, ge=1, description="average mode: updates between two parameter averages.")
+    average_optimizer: bool = Field(
+        False, description="average mode: average the Adam moments too (false: each learner keeps its own).")
+    timeout_s: float = Field(60.0, gt=0, description="A collective waiting longer than this for a peer fails the "
+                             "group (a dead learner), which the driver restarts from the last checkpoint.")
 
 
 class BalanceConfig(_Section):
@@ -198,6 +213,7 @@ class Config(_Section):
     algo: AlgoConfig = Field(default_factory=PPOConfig, description="Algorithm and its hyperparameters.")
     topology: TopologyConfig = Field(default_factory=TopologyConfig, description="Actors, envs per actor, fragment size.")
     balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Production-consumption balance.")
+    sync: SyncConfig = Field(default_factory=SyncConfig, description="Keeping several learners in step.")
     stop: StopConfig = Field(default_factory=StopConfig, description="Stop conditions (any one ends the run).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Greedy evaluation.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and console output.")
@@ -210,6 +226,10 @@ class Config(_Section):
     def _eval_target_needs_eval(self) -> "Config":
         if self.stop.target_metric == "eval" and self.stop.target_return is not None and self.eval.interval_s is None:
             raise ValueError("stop.target_metric is 'eval' but eval.interval_s is null; set eval.interval_s")
+        t = self.topology
+        if isinstance(t.learners, int) and isinstance(t.actors, int) and t.learners > t.actors:
+            raise ValueError(f"topology.learners is {t.learners} but there are {t.actors} actors; every learner "
+                             "needs at least one actor of its own")
         return self
 
 

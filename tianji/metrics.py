@@ -46,7 +46,18 @@ class Monitor:
         self.time_to_target_s = r.get("time_to_target_s")
         self.env_steps_to_target = r.get("env_steps_to_target")
         self.return_at_target = r.get("return_at_target")
-        self.version = int(r.get("version", 0))
+        self.version = int(r.get("version", 0))  # of learner 0
+        # per learner of a group (rank -> cumulative updates, busy_s, wait_s; lag histogram; version)
+        self.learners = int(cfg.topology.learners) if isinstance(cfg.topology.learners, int) else 1
+        saved = r.get("learners", {})
+        self.per_learner: dict[int, Counter] = {k: Counter(saved.get(str(k), {}).get("totals", {}))
+                                                for k in range(self.learners)}
+        self.per_learner_lags: dict[int, Counter] = {
+            k: Counter({int(lag): n for lag, n in saved.get(str(k), {}).get("lags", {}).items()})
+            for k in range(self.learners)}
+        self.per_learner_version: dict[int, int] = {k: int(saved.get(str(k), {}).get("version", 0))
+                                                    for k in range(self.learners)}
+        self._per_learner_window: dict[int, list[int]] = {k: [] for k in range(self.learners)}
         self.eval_return: float | None = r.get("eval_return")
         self.eval_length = float("nan")
         self.eval_version = -1
@@ -55,6 +66,7 @@ class Monitor:
         self._window_lags: list[int] = []
         self._last_row_time = time.time()
         self._last_counts = self._counts()
+        self._per_learner_last: dict[int, Counter] = {}
         self._writer = _RowWriter(run_dir, cfg.logging.tensorboard)
         self._console = _ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
         self.last_row: dict[str, float] = {}
@@ -85,7 +97,17 @@ class Monitor:
             self._check_target()
 
     def _on_learner(self, e: dict[str, Any]) -> None:
-        self.version = int(e.get("version", self.version))
+        rank = e.get("rank", 0)
+        if not isinstance(rank, int) or rank not in self.per_learner:
+            return
+        version = int(e.get("version", self.per_learner_version[rank]))
+        self.per_learner_version[rank] = version
+        if rank == 0:
+            self.version = version
+        for key in ("updates", "busy_s", "wait_s"):
+            self.per_learner[rank][key] += e.get(key, 0)
+        self.per_learner_lags[rank].update(int(x) for x in e.get("lags", []))
+        self._per_learner_window[rank].extend(int(x) for x in e.get("lags", []))
         for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices",
                     "refused_peers", "fragments_in_frames"):
             self.totals[key] += int(e.get(key, 0))
@@ -169,8 +191,8 @@ class Monitor:
             "perf/samples_trained_per_s": d.get("samples_trained", 0) / dt,
             "perf/actor_busy": d.get("actor_busy_s", 0) / (dt * actors),
             "perf/actor_wait": d.get("actor_wait_s", 0) / (dt * actors),
-            "perf/learner_busy": d.get("learner_busy_s", 0) / dt,
-            "perf/learner_wait": d.get("learner_wait_s", 0) / dt,
+            "perf/learner_busy": d.get("learner_busy_s", 0) / (dt * self.learners),
+            "perf/learner_wait": d.get("learner_wait_s", 0) / (dt * self.learners),
             "balance/policy_version": self.version,
             "balance/lag_min": min(lags) if lags else float("nan"),
             "balance/lag_mean": sum(lags) / len(lags) if lags else float("nan"),
@@ -184,7 +206,21 @@ class Monitor:
             "eval/policy_version": self.eval_version,
             "balance/bad_messages": self.totals["bad_messages"],
         }
+        if self.learners > 1:
+            row.update(self._per_learner_row(dt))
         row.update({f"train/{k}": v for k, v in self.train_stats.items()})
+        return row
+
+    def _per_learner_row(self, dt: float) -> dict[str, float]:
+        row: dict[str, float] = {}
+        for rank, totals in self.per_learner.items():
+            last = self._per_learner_last.get(rank, Counter())
+            lags, self._per_learner_window[rank] = self._per_learner_window[rank], []
+            row[f"perf/learner{rank}/updates_per_s"] = (totals["updates"] - last["updates"]) / dt
+            row[f"perf/learner{rank}/busy"] = (totals["busy_s"] - last["busy_s"]) / dt
+            row[f"balance/learner{rank}/lag_mean"] = sum(lags) / len(lags) if lags else float("nan")
+            row[f"balance/learner{rank}/policy_version"] = self.per_learner_version[rank]
+            self._per_learner_last[rank] = Counter(totals)
         return row
 
     # ------------------------------------------------------------ summary / state
@@ -223,8 +259,15 @@ class Monitor:
             "updates": int(self.totals["updates"]),
             "samples_trained": int(self.totals["samples_trained"]),
             "policy_version": self.version,
+            "learners": {f"learner{rank}": self._learner_summary(rank) for rank in self.per_learner},
             "stop_reason": stop_reason,
         }
+
+    def _learner_summary(self, rank: int) -> dict[str, Any]:
+        totals, wall = self.per_learner[rank], max(self.elapsed(), 1e-9)
+        return {"updates": int(totals["updates"]), "updates_per_s": round(totals["updates"] / wall, 3),
+                "busy": round(totals["busy_s"] / wall, 3), "policy_version": self.per_learner_version[rank],
+                **lag_summary(self.per_learner_lags[rank])}
 
     def state(self) -> dict[str, Any]:
         """What the driver saves beside the learner checkpoint to resume counters."""
@@ -242,6 +285,9 @@ class Monitor:
             "env_steps_to_target": self.env_steps_to_target,
             "return_at_target": self.return_at_target,
             "version": self.version,
+            "learners": {str(rank): {"totals": dict(self.per_learner[rank]), "version": self.per_learner_version[rank],
+                                     "lags": {str(k): v for k, v in self.per_learner_lags[rank].items()}}
+                         for rank in self.per_learner},
             "eval_return": self.eval_return,
         }
 

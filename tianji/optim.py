@@ -47,6 +47,10 @@ class Adam:
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, m, denom, -step_size)
 
+    def moments(self) -> list[torch.Tensor]:
+        """First and second moments, in place (what a learner group may average)."""
+        return self.exp_avg + self.exp_avg_sq
+
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "exp_avg": [t.clone() for t in self.exp_avg],
                 "exp_avg_sq": [t.clone() for t in self.exp_avg_sq]}

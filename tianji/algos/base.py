@@ -45,8 +45,35 @@ class ActorPolicy(Protocol):
         """Add what the learner needs beyond the recorded steps (e.g. bootstrap values)."""
 
 
+class GradientHook(Protocol):
+    """What an update calls between backward() and the optimizer step: with several learners, the
+    runtime's synchronisation (tianji.runtime.sync) averages the gradients there."""
+
+    def gradients(self, params: list[torch.Tensor]) -> None: ...
+
+
+class _NoHook:
+    def gradients(self, params: list[torch.Tensor]) -> None:
+        pass
+
+
+NO_HOOK = _NoHook()
+
+
 class AlgoLearner(Protocol):
-    """Owns the buffer and the update; the runtime decides when to feed and train it."""
+    """Owns the buffer and the update; the runtime decides when to feed and train it.
+
+    `sync` is set by the runtime (default NO_HOOK); an update calls `self.sync.gradients(params)`
+    after every backward(), before clipping and stepping.
+    """
+
+    sync: GradientHook
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The trained parameters (what a learner group keeps in step)."""
+
+    def optimizer_moments(self) -> list[torch.Tensor]:
+        """The optimizer's per-parameter state tensors, in place."""
 
     def add(self, fragment: Mapping[str, np.ndarray]) -> None:
         """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras)."""

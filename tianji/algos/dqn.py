@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, mlp, module_weights
 from tianji.config import DQNConfig
 from tianji.optim import Adam
 from tianji.replay import PrioritizedReplay
@@ -193,6 +193,7 @@ class DQNLearner:
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
+        self.sync = NO_HOOK
         self.replay = PrioritizedReplay(cfg.buffer_capacity, {
             "obs": (obs_space.shape, obs_space.dtype),
             "next_obs": (obs_space.shape, obs_space.dtype),
@@ -239,6 +240,7 @@ class DQNLearner:
         loss, td = td_loss(q_taken, targets, torch.from_numpy(weights))
         self.optimizer.zero_grad()
         loss.backward()
+        self.sync.gradients(self.optimizer.params)
         grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()
         if c.prioritized:
@@ -259,6 +261,12 @@ class DQNLearner:
 
     def weights(self) -> Arrays:
         return module_weights(self.net)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.optimizer.params
+
+    def optimizer_moments(self) -> list[torch.Tensor]:
+        return self.optimizer.moments()
 
     def state_dict(self) -> dict[str, Any]:
         # the replay buffer is not checkpointed: it refills from actors in seconds and can be huge

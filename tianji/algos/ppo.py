@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import Arrays, Placement, load_module_weights, mlp, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, mlp, module_weights
 from tianji.config import PPOConfig
 from tianji.optim import Adam
 
@@ -188,6 +188,7 @@ class PPOLearner:
         self.cfg = cfg
         self.net = ActorCritic(obs_space, act_space, cfg.hidden)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []
         self._samples_per_fragment = 0
 
@@ -232,6 +233,7 @@ class PPOLearner:
                 loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy, self.cfg)
                 self.optimizer.zero_grad()
                 loss.backward()
+                self.sync.gradients(self.optimizer.params)
                 stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
                 self.optimizer.step()
                 for k, v in stats.items():
@@ -241,6 +243,12 @@ class PPOLearner:
 
     def weights(self) -> Arrays:
         return module_weights(self.net)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.optimizer.params
+
+    def optimizer_moments(self) -> list[torch.Tensor]:
+        return self.optimizer.moments()
 
     def state_dict(self) -> dict[str, Any]:
         return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}

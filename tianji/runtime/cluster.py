@@ -23,14 +23,15 @@ from typing import Any
 
 import zmq
 
-from tianji.checkpoint import LEARNER_FILE, ShippedStore
+from tianji.checkpoint import ShippedStore, learner_file
 from tianji.config import Config, ConfigError, build_config
 from tianji.metrics import Monitor
-from tianji.runtime.driver import LEARNER, RoleError, drive
+from tianji.runtime.driver import RoleError, drive, is_learner
 from tianji.runtime.links import ControlChannel, Endpoints, bound_endpoint, log, new_token, socket, sweep_leftovers
-from tianji.runtime.roles import actor_loop, bind_learner, evaluator_loop, learner_loop, run_role
+from tianji.runtime.roles import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
 from tianji.runtime.run import RunContext
 from tianji.runtime.security import CurveKeys, Gatekeeper
+from tianji.runtime.sync import GroupSpec, rendezvous_store
 
 ANY_INTERFACE = "0.0.0.0"
 LOOPBACK = "127.0.0.1"
@@ -55,7 +56,7 @@ def _run_from_json(text: str) -> RunContext:
 
 
 class RoleHost:
-    """One role inside a Ray actor process: says where it runs, binds (the learner), runs its loop.
+    """One role inside a Ray actor process: says where it runs, binds (a learner), runs its loop.
     Everything it receives is plain text or bytes (JSON, keys, a checkpoint), never objects."""
 
     def __init__(self, name: str, run_json: str, token: str):
@@ -63,6 +64,7 @@ class RoleHost:
         self.name, self.run, self.token = name, _run_from_json(run_json), token
         self.learner_ctx: zmq.Context | None = None
         self.sockets = None
+        self.group_store = None
         sweep_leftovers()  # slot files and sockets of dead runs on this node
 
     def where(self) -> dict[str, Any]:
@@ -71,8 +73,9 @@ class RoleHost:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "ip": ray.util.get_node_ip_address()}
 
-    def bind(self, endpoints_json: str, all_interfaces: bool) -> dict[str, str]:
-        """The learner listens on this node's cluster address at free ports; returns where."""
+    def bind(self, endpoints_json: str, all_interfaces: bool) -> dict[str, Any]:
+        """A learner listens on this node's cluster address at free ports; returns where. Rank 0 of a
+        group also opens the group's rendezvous (torch.distributed's TCP store)."""
         import ray
 
         ip = ray.util.get_node_ip_address()
@@ -81,15 +84,26 @@ class RoleHost:
                             fragments=f"tcp://{host}:*", weights=f"tcp://{host}:*")
         self.learner_ctx = zmq.Context()
         self.sockets = bind_learner(self.learner_ctx, endpoints)
-        return {k: v.replace(ANY_INTERFACE, ip) for k, v in self.sockets.endpoints.items()}
+        where: dict[str, Any] = {k: v.replace(ANY_INTERFACE, ip) for k, v in self.sockets.endpoints.items()}
+        learners = int(self.run.cfg.topology.learners)
+        if self.name == "learner0" and learners > 1:
+            self.group_store = rendezvous_store(GroupSpec(0, learners, ip, 0, self.run.cfg.sync.timeout_s))
+            where["group"] = {"host": ip, "port": self.group_store.port}
+        return where
 
     def run(self, wiring_json: str, restore: bytes | None = None) -> None:
         wiring = json.loads(wiring_json)
         endpoints = Endpoints.from_dict(wiring["endpoints"])
         run, topology = self.run, self.run.cfg.topology
-        if self.name == LEARNER:
+        if is_learner(self.name):
+            rank = int(self.name[len("learner"):])
+            group = wiring.get("group")
+            spec = None if group is None else GroupSpec(rank, int(topology.learners), group["host"], group["port"],
+                                                        run.cfg.sync.timeout_s)
+
             def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
-                learner_loop(run, self.token, wiring["epoch"], self.sockets, ShippedStore(restore), events, driver)
+                learner_loop(run, self.token, wiring["epoch"], self.sockets, ShippedStore(restore, rank), events,
+                             driver, rank, spec, self.group_store)
 
             run_role(self.name, run, topology.learner_threads, endpoints, loop, ctx=self.learner_ctx,
                      own_process=False)
@@ -107,9 +121,11 @@ class RoleHost:
 def bundles(cfg: Config) -> dict[str, dict[str, float]]:
     """One placement-group bundle per role: CPUs (threads) plus the custom resources that pin it."""
     r = cfg.ray
-    out = {LEARNER: {"CPU": float(cfg.topology.learner_threads), **r.learner_resources}}
-    if r.learner_gpus:
-        out[LEARNER]["GPU"] = r.learner_gpus
+    out = {}
+    for rank in range(int(cfg.topology.learners)):
+        out[f"learner{rank}"] = {"CPU": float(cfg.topology.learner_threads), **r.learner_resources}
+        if r.learner_gpus:
+            out[f"learner{rank}"]["GPU"] = r.learner_gpus
     for i in range(int(cfg.topology.actors)):
         out[f"actor{i}"] = {"CPU": float(cfg.topology.actor_threads), **r.actor_resources}
     if cfg.eval.interval_s is not None:
@@ -119,20 +135,21 @@ def bundles(cfg: Config) -> dict[str, dict[str, float]]:
 
 class RayRoles:
     """Roles as Ray actors in one placement group. Actors and the evaluator are restarted by Ray
-    (max_restarts); the learner is replaced by a new Ray actor in its bundle, with the next epoch,
-    resuming from the last checkpoint."""
+    (max_restarts); the learners are replaced as a group by new Ray actors in their bundles, with
+    the next epoch, resuming from the last checkpoint."""
 
     def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str):
         from ray.util.placement_group import placement_group
 
         self.ray, self.run, self.token = ray, run, token
-        self.endpoints = endpoints  # the driver's; the learner's are added once it has bound
+        self.endpoints = endpoints  # the driver's; the learners' are added once they have bound
         self.learner_epoch = 0
         self.bundles = bundles(run.cfg)
+        self.learners = [name for name in self.bundles if is_learner(name)]
         self.handles: dict[str, Any] = {}
         self.refs: dict[str, Any] = {}
         self.places: dict[str, dict[str, Any]] = {}
-        self.learner_at: dict[str, str] = {}
+        self.learner_at: dict[str, dict[str, Any]] = {}
         self._run_json = _run_to_json(run)
         self.pg = placement_group(list(self.bundles.values()), strategy=run.cfg.ray.strategy)
         try:
@@ -140,7 +157,7 @@ class RayRoles:
             for name in self.bundles:
                 self.handles[name] = self._create(name)
             self._locate(list(self.bundles))
-            self._bind_learner()
+            self._bind_learners()
             for name in self.bundles:
                 self._run(name)
         except BaseException:
@@ -166,21 +183,27 @@ class RayRoles:
             return type(exc).__name__
 
     def restart(self, name: str) -> None:
-        if name == LEARNER:  # a new Ray actor in the learner's bundle; it resumes from the checkpoint
-            self.ray.kill(self.handles[name], no_restart=True)
-            self.learner_epoch += 1
-            self.handles[name] = self._create(name)
-            self._locate([name])
-            self._bind_learner()
-        elif self.alive(name):  # silent, not dead: kill it, Ray starts it again
+        if self.alive(name):  # silent, not dead: kill it, Ray starts it again
             self.ray.kill(self.handles[name], no_restart=False)
-        if name != LEARNER:
-            self._locate([name])  # waits until Ray has restarted the process
+        self._locate([name])  # waits until Ray has restarted the process
         self._run(name)
         self._record()
 
-    def learner_endpoints(self) -> dict[str, str]:
-        return dict(self.learner_at)
+    def restart_learners(self) -> None:
+        """New Ray actors in the learners' bundles; they resume from the checkpoint."""
+        for name in self.learners:
+            self.ray.kill(self.handles[name], no_restart=True)
+        self.learner_epoch += 1
+        for name in self.learners:
+            self.handles[name] = self._create(name)
+        self._locate(self.learners)
+        self._bind_learners()
+        for name in self.learners:
+            self._run(name)
+        self._record()
+
+    def learner_endpoints(self) -> list[dict[str, str]]:
+        return [{k: v for k, v in self.learner_at[name].items() if k != "group"} for name in self.learners]
 
     def stop_all(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -207,7 +230,7 @@ class RayRoles:
             "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 self.pg, placement_group_bundle_index=list(self.bundles).index(name)),
-            "max_restarts": 0 if name == LEARNER else self.run.cfg.supervision.max_actor_restarts,
+            "max_restarts": 0 if is_learner(name) else self.run.cfg.supervision.max_actor_restarts,
             "max_task_retries": 0,  # a failed loop is reported to the driver, which starts it again
         }
         return self.ray.remote(RoleHost).options(**options).remote(name, self._run_json, self.token)
@@ -229,20 +252,31 @@ class RayRoles:
             self.places[name] = place
             log.info("%s runs on node %s (%s), pid %d", name, place["node"][:12], place["ip"], place["pid"])
 
-    def _bind_learner(self) -> None:
-        bind = self.handles[LEARNER].bind.remote(json.dumps(self.endpoints.as_dict()),
-                                                 self.run.cfg.ray.bind_all_interfaces)
-        self.learner_at = self.ray.get(bind, timeout=self.run.cfg.ray.placement_timeout_s)
+    def _bind_learners(self) -> None:
+        endpoints = json.dumps(self.endpoints.as_dict())
+        binds = [self.handles[name].bind.remote(endpoints, self.run.cfg.ray.bind_all_interfaces)
+                 for name in self.learners]
+        places = self.ray.get(binds, timeout=self.run.cfg.ray.placement_timeout_s)
+        self.learner_at = dict(zip(self.learners, places))
+
+    def _learner_of(self, name: str) -> str:
+        if is_learner(name):
+            return name
+        actor = int(name[len("actor"):]) if name.startswith("actor") else 0
+        return f"learner{learner_of(self.run.cfg, actor)}"
 
     def _run(self, name: str) -> None:
-        same_machine = self.places[name]["node"] == self.places[LEARNER]["node"]
-        wiring = {"endpoints": replace(self.endpoints, **self.learner_at).as_dict(), "epoch": self.learner_epoch,
-                  "same_machine": same_machine}
-        self.refs[name] = self.handles[name].run.remote(json.dumps(wiring), self._restore() if name == LEARNER else None)
+        learner = self._learner_of(name)
+        at = self.learner_at[learner]
+        wiring = {"endpoints": replace(self.endpoints, fragments=at["fragments"], weights=at["weights"]).as_dict(),
+                  "epoch": self.learner_epoch, "group": self.learner_at[self.learners[0]].get("group"),
+                  "same_machine": self.places[name]["node"] == self.places[learner]["node"]}
+        restore = self._restore(int(name[len("learner"):])) if is_learner(name) else None
+        self.refs[name] = self.handles[name].run.remote(json.dumps(wiring), restore)
 
-    def _restore(self) -> bytes | None:
+    def _restore(self, rank: int) -> bytes | None:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
-        path = self.run.checkpoint_dir / LEARNER_FILE
+        path = self.run.checkpoint_dir / learner_file(rank)
         if (self.run.resumed or self.learner_epoch > 0) and path.is_file():
             return path.read_bytes()
         return None

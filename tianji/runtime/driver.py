@@ -20,7 +20,10 @@ from tianji.runtime.run import RunContext
 from tianji.wire import WireError, pack_header, unpack_header
 
 STOP_GRACE_S = 20.0
-LEARNER = "learner"
+
+
+def is_learner(name: str) -> bool:
+    return name.startswith("learner")
 
 
 class RoleError(RuntimeError):
@@ -30,20 +33,24 @@ class RoleError(RuntimeError):
 class Roles(Protocol):
     """The role processes of a run, as a launcher placed them."""
 
-    learner_epoch: int  # incarnation of the learner: 0, then +1 per restart
+    learner_epoch: int  # incarnation of the learner group: 0, then +1 per restart
 
     def names(self) -> list[str]:
-        """'learner', 'actor0', ..., 'evaluator'."""
+        """'learner0', ..., 'actor0', ..., 'evaluator'."""
 
     def alive(self, name: str) -> bool: ...
 
-    def exitcode(self, name: str) -> int | None: ...
+    def exitcode(self, name: str) -> int | str | None: ...
 
     def restart(self, name: str) -> None:
-        """Kill the role if it still runs and start a new one (the learner with the next epoch)."""
+        """Kill an actor or the evaluator if it still runs and start a new one."""
 
-    def learner_endpoints(self) -> dict[str, str]:
-        """Where the current learner listens, when a restart may have moved it ({} when it cannot)."""
+    def restart_learners(self) -> None:
+        """Kill every learner and start the group anew (next epoch, from the last checkpoint):
+        learners fail together, as a collective group must."""
+
+    def learner_endpoints(self) -> list[dict[str, str]]:
+        """Where each learner listens, when a restart may have moved them ([] when it cannot)."""
 
     def stop_all(self) -> None:
         """Make sure every role is gone (after they were asked to stop)."""
@@ -75,9 +82,11 @@ class _Supervisor:
             self.last_seen[event["role"]] = time.time()
         kind = event["kind"]
         if kind == "checkpoint":
-            if payload:  # from a learner on another machine: the driver writes the run directory
-                save_learner_bytes(self.run.checkpoint_dir, payload[0])
-            save_driver(self.run.checkpoint_dir, self.monitor.state())
+            rank = event.get("rank", 0)
+            if payload and isinstance(rank, int) and rank >= 0:  # from a learner on another machine
+                save_learner_bytes(self.run.checkpoint_dir, payload[0], rank)
+            if rank == 0:
+                save_driver(self.run.checkpoint_dir, self.monitor.state())
         elif kind == "error":
             log.error("%s failed:\n%s", event.get("role"), event.get("message"))
         else:
@@ -90,21 +99,27 @@ class _Supervisor:
             silent_s = now - self.last_seen.get(name, self.started)
             if self.roles.alive(name) and silent_s < limits.heartbeat_timeout_s:
                 continue
-            counter, limit = (("learner_restarts", limits.max_learner_restarts) if name == LEARNER
-                              else ("role_restarts", limits.max_actor_restarts))
-            self.monitor.totals[counter] += 1
-            if self.monitor.totals[counter] > limit:
-                raise RoleError(f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
-                                f"last exit code {self.roles.exitcode(name)}")
             if self.roles.alive(name):
                 log.warning("%s sent no event for %.0f s; replacing it", name, silent_s)
             else:
                 log.warning("%s exited with code %s; restarting it", name, self.roles.exitcode(name))
+            if is_learner(name):
+                self._count("learner_restarts", limits.max_learner_restarts, name)
+                self.roles.restart_learners()
+                self.last_seen.update({n: time.time() for n in self.roles.names() if is_learner(n)})
+                # actors and evaluator say hello to the new learners (where they now listen)
+                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch,
+                                               "learners": self.roles.learner_endpoints()}))
+                return  # the other learners were replaced too
+            self._count("role_restarts", limits.max_actor_restarts, name)
             self.roles.restart(name)
             self.last_seen[name] = time.time()
-            if name == LEARNER:  # actors and evaluator say hello to the new learner (where it now listens)
-                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch,
-                                               **self.roles.learner_endpoints()}))
+
+    def _count(self, counter: str, limit: int, name: str) -> None:
+        self.monitor.totals[counter] += 1
+        if self.monitor.totals[counter] > limit:
+            raise RoleError(f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
+                            f"last exit code {self.roles.exitcode(name)}")
 
     def supervise(self) -> str:
         while True:

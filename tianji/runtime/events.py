@@ -33,8 +33,9 @@ class ActorReporter:
 
 
 class LearnerReporter:
-    def __init__(self, learner: Learner):
+    def __init__(self, learner: Learner, rank: int = 0):
         self.learner = learner
+        self.rank = rank
         self.wait_s = 0.0
         self.bad_messages = 0
         self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
@@ -65,7 +66,8 @@ class LearnerReporter:
         trained, dropped = lr.lag.take_window()
         return {
             "kind": "learner",
-            "role": "learner",
+            "role": f"learner{self.rank}",
+            "rank": self.rank,
             "version": lr.version,
             "lags": trained,
             "dropped_lags": dropped,

@@ -25,8 +25,11 @@ VERSIONS_EMA = 0.2
 
 class Learner:
     def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None,
-                 backpressure: bool = True):
+                 backpressure: bool = True, sync: Any = None):
         self.algo = algo
+        self.sync = None  # with a learner group: tianji.runtime.sync (gradients hook, parameter averages)
+        if sync is not None:
+            self.attach_sync(sync)
         self.backpressure = backpressure
         self.version = 0
         self.lag = LagStats(max_policy_lag)
@@ -85,8 +88,11 @@ class Learner:
         return self.algo.ready() and self.limiter.can_sample(self.algo.samples_per_update())
 
     def update(self) -> dict[str, float]:
+        """One update (raises tianji.runtime.sync.GroupStopping when the learner group is stopping)."""
         start = time.perf_counter()
         self.last_stats = self.algo.update()
+        if self.sync is not None:
+            self.sync.after_update(self.algo.parameters(), self.algo.optimizer_moments())
         self.version += 1
         self.updates += 1
         self.samples_trained += self.algo.samples_per_update()
@@ -96,6 +102,20 @@ class Learner:
 
     def weights(self) -> Arrays:
         return self.algo.weights()
+
+    def attach_sync(self, sync: Any) -> None:
+        self.sync = sync
+        self.algo.sync = sync
+
+    def poll_sync(self) -> None:
+        """Apply a parameter average that completed while the learner was waiting for data."""
+        if self.sync is not None:
+            self.sync.poll(self.algo.parameters(), self.algo.optimizer_moments())
+
+    def stop_sync(self) -> None:
+        """Leave the learner group in step with the others (stopping is a collective)."""
+        if self.sync is not None:
+            self.sync.stop(self.algo.parameters(), self.algo.optimizer_moments())
 
     def state_dict(self) -> dict[str, Any]:
         return {"algo": self.algo.state_dict(), "version": self.version, "updates": self.updates,

@@ -52,9 +52,10 @@ class Endpoints:
     keys: CurveKeys | None = None
 
     @classmethod
-    def ipc(cls, token: str) -> "Endpoints":
+    def ipc(cls, token: str, learner: int = 0) -> "Endpoints":
+        """One machine: the run's ipc paths, with those of learner `learner` (each learner has its own)."""
         base = f"ipc://{tempfile.gettempdir()}/tianji-{token}"
-        return cls(f"{base}-fragments", f"{base}-weights", f"{base}-events", f"{base}-control")
+        return cls(f"{base}-fragments{learner}", f"{base}-weights{learner}", f"{base}-events", f"{base}-control")
 
     def ipc_paths(self) -> list[Path]:
         return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)
@@ -265,8 +266,9 @@ class LearnerLink:
     owns every slot again and grants them anew, so the credits held for the old one are dropped.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any]):
+    def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any], learner_rank: int = 0):
         self.endpoints = endpoints
+        self.learner_rank = learner_rank
         self.link = socket(ctx, zmq.DEALER, endpoints.fragments, keys=endpoints.keys)
         self.weights = socket(ctx, zmq.SUB, endpoints.weights, keys=endpoints.keys)
         self.role = role
@@ -293,11 +295,12 @@ class LearnerLink:
 
     def follow_restart(self, order: dict[str, Any]) -> None:
         """The driver restarted the learner: say hello to the new one, at its new address if it moved."""
-        epoch = order.get("epoch")
+        epoch, moved = order.get("epoch"), order.get("learners")
         if not isinstance(epoch, int) or epoch == self.epoch:
             return
+        where = moved[self.learner_rank] if isinstance(moved, list) and len(moved) > self.learner_rank else {}
         for name, sock in (("fragments", self.link), ("weights", self.weights)):
-            new, old = order.get(name), getattr(self.endpoints, name)
+            new, old = where.get(name) if isinstance(where, dict) else None, getattr(self.endpoints, name)
             if isinstance(new, str) and new != old:
                 sock.disconnect(old)
                 sock.connect(new)

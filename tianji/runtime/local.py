@@ -11,30 +11,32 @@ import json
 import multiprocessing
 import os
 import signal
+import socket as pysocket
 from typing import Any, Callable
 
 import zmq
 
 from tianji.metrics import Monitor
-from tianji.runtime.driver import LEARNER, drive
+from tianji.runtime.driver import drive, is_learner
 from tianji.runtime.links import ControlChannel, Endpoints, log, new_token, socket, sweep_leftovers
-from tianji.runtime.roles import actor_main, evaluator_main, learner_main, role_pool
+from tianji.runtime.roles import actor_main, evaluator_main, learner_main, learner_of, role_pool
 from tianji.runtime.run import RunContext
+from tianji.runtime.sync import GroupSpec
 from tianji.shm import remove_pools
 
 
 def run_local(run: RunContext, monitor: Monitor) -> str:
-    """Start the learner, actors and evaluator, supervise them until a stop condition, stop them cleanly."""
+    """Start the learners, actors and evaluator, supervise them until a stop condition, stop them cleanly."""
     removed = sweep_leftovers()
     if removed:
         log.info("removed %d leftover ipc socket(s) and slot file(s) of runs that died", len(removed))
     token = new_token()
-    endpoints = Endpoints.ipc(token)
+    endpoints = [Endpoints.ipc(token, rank) for rank in range(int(run.cfg.topology.learners))]
     ctx = zmq.Context()
     control = None
     try:
-        events = socket(ctx, zmq.PULL, endpoints.events, bind=True)
-        control = ControlChannel(ctx, endpoints.control)
+        events = socket(ctx, zmq.PULL, endpoints[0].events, bind=True)
+        control = ControlChannel(ctx, endpoints[0].control)
         roles = LocalRoles(run, endpoints, token)
         return drive(run, monitor, events, control, roles)
     finally:
@@ -42,26 +44,43 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
             control.close()
         ctx.destroy(linger=0)
         remove_pools(token)
-        for path in endpoints.ipc_paths():
+        for path in {p for e in endpoints for p in e.ipc_paths()}:
             path.unlink(missing_ok=True)
+
+
+def free_loopback_port() -> int:
+    with pysocket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class LocalRoles:
     """Role processes forked from the driver, each known by name."""
 
-    def __init__(self, run: RunContext, endpoints: Endpoints, token: str):
+    def __init__(self, run: RunContext, endpoints: list[Endpoints], token: str):
         self.run, self.endpoints, self.token = run, endpoints, token
         self.learner_epoch = 0
         self._mp = multiprocessing.get_context("fork")
         cfg = run.cfg
-        self._targets: dict[str, tuple[Callable[..., None], Callable[[], tuple[Any, ...]]]] = {
-            LEARNER: (learner_main, lambda: (self.learner_epoch,))}
+        learners = len(endpoints)
+        self._group_port = free_loopback_port()
+        # name -> (process body, its arguments after (run, endpoints, token, driver pid), read at each start)
+        self._targets: dict[str, tuple[Callable[..., None], Callable[[], tuple[Any, ...]]]] = {}
+        for rank in range(learners):
+            self._targets[f"learner{rank}"] = (learner_main, lambda r=rank: (
+                self.endpoints[r], self.learner_epoch, r, self._group(r)))
         for i in range(cfg.topology.actors):
-            self._targets[f"actor{i}"] = (actor_main, lambda i=i: (i,))
+            self._targets[f"actor{i}"] = (actor_main, lambda i=i: (self.endpoints[learner_of(cfg, i)], i))
         if cfg.eval.interval_s is not None:
-            self._targets["evaluator"] = (evaluator_main, lambda: ())
+            self._targets["evaluator"] = (evaluator_main, lambda: (self.endpoints[0],))
         self.processes = {name: self._start(name) for name in self._targets}
         self._write_pids()
+
+    def _group(self, rank: int) -> GroupSpec | None:
+        learners = len(self.endpoints)
+        if learners == 1:
+            return None
+        return GroupSpec(rank, learners, "127.0.0.1", self._group_port, self.run.cfg.sync.timeout_s)
 
     def names(self) -> list[str]:
         return list(self.processes)
@@ -73,19 +92,23 @@ class LocalRoles:
         return self.processes[name].exitcode
 
     def restart(self, name: str) -> None:
-        old = self.processes[name]
-        if old.is_alive():
-            old.kill()
-            old.join(1)
-        if name == LEARNER:
-            self.learner_epoch += 1
-        else:  # the dead actor's slots; the learner ignores its queued notices
-            role_pool(self.token, name, old.pid).unlink(missing_ok=True)
+        old = self._end(name)
+        role_pool(self.token, name, old.pid).unlink(missing_ok=True)  # the dead actor's slots
         self.processes[name] = self._start(name)
         self._write_pids()
 
-    def learner_endpoints(self) -> dict[str, str]:
-        return {}  # ipc paths do not move
+    def restart_learners(self) -> None:
+        learners = [name for name in self.processes if is_learner(name)]
+        for name in learners:
+            self._end(name)
+        self.learner_epoch += 1
+        self._group_port = free_loopback_port()  # a fresh rendezvous for the new group
+        for name in learners:
+            self.processes[name] = self._start(name)
+        self._write_pids()
+
+    def learner_endpoints(self) -> list[dict[str, str]]:
+        return []  # ipc paths do not move
 
     def stop_all(self) -> None:
         for process in self.processes.values():
@@ -97,9 +120,17 @@ class LocalRoles:
                 process.kill()
             process.join(1)
 
+    def _end(self, name: str) -> multiprocessing.Process:
+        process = self.processes[name]
+        if process.is_alive():
+            process.kill()
+        process.join(5)
+        return process
+
     def _start(self, name: str) -> multiprocessing.Process:
         target, args = self._targets[name]
-        process = self._mp.Process(target=target, args=(self.run, self.endpoints, self.token, os.getpid(), *args()),
+        endpoints, *rest = args()
+        process = self._mp.Process(target=target, args=(self.run, endpoints, self.token, os.getpid(), *rest),
                                    name=name, daemon=True)
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # children inherit "ignore Ctrl-C"
         try:

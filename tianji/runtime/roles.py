@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 import zmq
 
 from tianji.checkpoint import FileStore, ShippedStore
@@ -27,6 +28,7 @@ from tianji.runtime.links import (DriverGone, DriverLink, Endpoints, FrameSender
                                   bound_endpoint, die_with_parent, log, log_rejected, socket)
 from tianji.runtime.run import RunContext
 from tianji.runtime.security import Gatekeeper
+from tianji.runtime.sync import GroupSpec, GroupStopping, broadcast_from_first, join_group, leave_group, make_sync
 from tianji.shm import SlotReader, pool_path
 from tianji.wire import WireError, decode, encode, pack_header, unpack_header
 
@@ -42,8 +44,6 @@ def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints,
              driver_pid: int | None = None, ctx: zmq.Context | None = None, own_process: bool = True) -> None:
     """Body of every role: signals (when it owns its process), threads, the driver link, the loop,
     a crash report to the driver."""
-    import torch
-
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; roles stop by message
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -77,6 +77,11 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
 # ---------------------------------------------------------------- actor
 
 
+def learner_of(cfg: Any, actor_id: int) -> int:
+    """The learner an actor feeds: actors are dealt to learners in turn (evenly)."""
+    return actor_id % int(cfg.topology.learners)
+
+
 def role_pool(token: str, role: str, pid: int):
     """The slot file of one role process. A restarted actor gets a new file: notices its dead
     predecessor left queued at the learner still point at the old one, which nobody rewrites."""
@@ -96,7 +101,8 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
     cfg = run.cfg
     name = f"actor{actor_id}"
     slots_count = cfg.balance.max_inflight
-    learner = LearnerLink(ctx, endpoints, name, {"kind": "hello", "actor": actor_id, "slots": slots_count})
+    learner = LearnerLink(ctx, endpoints, name, {"kind": "hello", "actor": actor_id, "slots": slots_count},
+                          learner_rank=learner_of(cfg, actor_id))
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
     sender = SlotSender(role_pool(token, name, os.getpid()), slots_count) if same_machine else FrameSender()
@@ -180,11 +186,13 @@ def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, even
 # ---------------------------------------------------------------- learner
 
 
-def learner_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, epoch: int = 0) -> None:
+def learner_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, epoch: int = 0,
+                 rank: int = 0, group: GroupSpec | None = None) -> None:
     def loop(ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
-        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir), events, driver)
+        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir, rank), events,
+                     driver, rank, group)
 
-    run_role("learner", run, run.cfg.topology.learner_threads, endpoints, loop, driver_pid=driver_pid)
+    run_role(f"learner{rank}", run, run.cfg.topology.learner_threads, endpoints, loop, driver_pid=driver_pid)
 
 
 @dataclass
@@ -225,10 +233,12 @@ def _slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:
 
 
 def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSockets, store: FileStore | ShippedStore,
-                 events: zmq.Socket, driver: DriverLink) -> None:
+                 events: zmq.Socket, driver: DriverLink, rank: int = 0, group: GroupSpec | None = None,
+                 group_store: Any = None) -> None:
     """Take fragments while the buffer has room, train when ready, publish weights, grant credits.
 
     `epoch` > 0: a restart after a crash; the learner resumes from the last checkpoint in `store`.
+    `group`: one of several learners, kept in step through torch.distributed (tianji.runtime.sync).
     """
     cfg = run.cfg
     router, publisher = sockets.router, sockets.publisher
@@ -237,7 +247,9 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         poller.register(sock, zmq.POLLIN)
 
     learner = build_learner(cfg, store.load() if run.resumed or epoch > 0 else None)
-    reporter = LearnerReporter(learner)
+    if group is not None:
+        _join_learner_group(learner, cfg, group, group_store)
+    reporter = LearnerReporter(learner, rank)
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
     credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
 
@@ -283,6 +295,7 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         poller.poll(timeout)
         reporter.wait_s += time.perf_counter() - started
         if _orders(driver):
+            learner.stop_sync()  # with a group, stopping is a collective: the others leave with it
             break
         while learner.wants_data() and router.poll(0):
             identity, *frames = router.recv_multipart(copy=False)
@@ -290,12 +303,17 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
                 handle(identity.bytes, frames)
             except WireError as exc:
                 reporter.bad_messages += 1
-                log_rejected("learner", reporter.bad_messages, exc)
-        if learner.ready():
-            learner.update()
-            if learner.version % cfg.balance.publish_every == 0:
-                latest_weights, published = weights_message(), learner.version
-                publisher.send_multipart(latest_weights, copy=False)
+                log_rejected(f"learner{rank}", reporter.bad_messages, exc)
+        try:
+            if learner.ready():
+                learner.update()
+                if learner.version % cfg.balance.publish_every == 0:
+                    latest_weights, published = weights_message(), learner.version
+                    publisher.send_multipart(latest_weights, copy=False)
+            else:
+                learner.poll_sync()
+        except GroupStopping:  # another learner of the group is stopping
+            break
         for identity, slot, min_version in credits.grant(learner.version, learner.versions_per_fragment, published):
             router.send_multipart([identity, pack_header(
                 {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
@@ -313,3 +331,15 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
     reader.close()
     if sockets.gate is not None:
         sockets.gate.stop()
+    if group is not None:
+        leave_group()
+
+
+def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: Any) -> None:
+    """Form the process group and start from rank 0's parameters, moments and version (after a
+    resume each learner loaded its own checkpoint; in allreduce mode they must be identical)."""
+    join_group(group, group_store)
+    learner.attach_sync(make_sync(cfg.sync.mode, group.world_size, cfg.sync.every, cfg.sync.average_optimizer))
+    version = torch.tensor([float(learner.version)])
+    broadcast_from_first([*learner.algo.parameters(), *learner.algo.optimizer_moments(), version])
+    learner.version = int(version.item())
