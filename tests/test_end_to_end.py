@@ -155,3 +155,27 @@ def test_short_dqn_run_with_evaluation_and_rate_limiter(launcher, tmp_path):
     assert 2 * 0.9 * 0.9 <= summary["replay_ratio"] <= 2 * 1.1 * 1.1
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert any(r["eval/return_mean"] not in ("", "nan") for r in rows)
+
+
+def test_resume_a_group_of_two_learners(tiny_config, tmp_path):
+    def config(steps):
+        raw = tiny_config(max_env_steps=steps).model_dump(mode="json")
+        raw["topology"].update(learners=2, actors=2)
+        from tianji.config import build_config
+
+        return build_config(raw)
+
+    run_dir, first = train(config(2048), "local", run_dir=str(tmp_path / "run"))
+    versions = [load_learner(run_dir / "checkpoints", rank)["version"] for rank in (0, 1)]
+    assert versions[0] == versions[1] > 0  # allreduce: the learners step together
+    _, second = train(config(first["env_steps"] + 2048), "local", resume=str(run_dir))
+    assert second["policy_version"] > versions[0]
+    assert all(load_learner(run_dir / "checkpoints", rank)["version"] > versions[rank] for rank in (0, 1))
+
+
+def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path):
+    from tianji.checkpoint import CheckpointError, FileStore
+
+    run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
+    with pytest.raises(CheckpointError, match="resume with as many learners"):
+        FileStore(run_dir / "checkpoints", rank=1).load()

@@ -182,3 +182,22 @@ def test_slot_reader_opens_only_files_directly_in_the_run_folder(tmp_path):
             writer.close()
         for path in (inside, elsewhere, link):
             path.unlink(missing_ok=True)
+
+
+def test_a_learner_of_a_group_killed_restarts_the_group_and_the_run_reaches_its_target(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "checkpoint.interval_s=0.5", "stop.max_wall_time_s=150", "topology.learners=2")
+    try:
+        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
+        before = json.loads((run_dir / "roles.json").read_text())
+        os.kill(before["learner1"], signal.SIGKILL)
+        output, _ = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["target_reached"] and summary["learner_restarts"] == 1, summary
+    after = json.loads((run_dir / "roles.json").read_text())
+    assert after["learner0"] != before["learner0"] and after["learner1"] != before["learner1"], "learners fail together"
+    assert after["actor0"] == before["actor0"], "actors keep running and reconnect"

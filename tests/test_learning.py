@@ -32,3 +32,19 @@ def test_a_tight_lag_bound_wastes_no_fragments(tmp_path):
     assert summary["target_reached"], summary
     assert summary["fragments_dropped"] <= 0.05 * (summary["fragments_dropped"] + summary["fragments_trained"])
     assert summary["policy_lag_max"] <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, overrides", [
+    ("cartpole-ppo", ["sync.mode=allreduce"]),
+    ("cartpole-ppo", ["sync.mode=average", "sync.every=4"]),
+    ("cartpole-dqn", ["topology.actors=2"]),
+])
+def test_two_learners_reach_the_target(preset, overrides, tmp_path):
+    cfg = load_config(preset, [f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
+                               "topology.learners=2", *overrides])
+    run_dir, summary = train(cfg, "local")
+    assert summary["target_reached"], summary
+    assert set(summary["learners"]) == {"learner0", "learner1"}
+    assert all(s["updates"] > 0 for s in summary["learners"].values()), "each learner trains on its own actors' data"
+    assert (run_dir / "checkpoints" / "learner.pt").exists() and (run_dir / "checkpoints" / "learner-rank1.pt").exists()

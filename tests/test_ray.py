@@ -82,9 +82,25 @@ def test_an_actor_killed_under_ray_is_restarted_and_the_run_reaches_its_target(t
     assert json.loads((run_dir / "roles.json").read_text())["actor0"] != killed["pid"]
 
 
+def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_path, capsys):
+    cfg = load_config("cartpole-ppo", [
+        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
+        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2"])
+    run_dir, summary = train(cfg, "ray")
+    assert summary["target_reached"], summary
+    places = json.loads((run_dir / "placement.json").read_text())
+    with capsys.disabled():
+        for name, place in places.items():
+            print(f"\n  two learners: {name} ran on node {place['node'][:12]}", end="")
+    assert places["learner0"]["node"] != places["learner1"]["node"]
+    assert all(s["updates"] > 0 for s in summary["learners"].values())
+    assert (run_dir / "checkpoints" / "learner-rank1.pt").exists()  # shipped from the other node
+
+
 def test_a_local_ray_instance_runs_the_same_config(tmp_path):
     """No address: a Ray instance for this run only, on loopback; the learner's checkpoint comes back
-    to the driver, and the same actors share memory with it."""
+    to the driver, and the same actors share memory with it. (Last in this module: after a local
+    instance has shut down, Ray cannot create actors on another cluster from the same process.)"""
     if ray.is_initialized():
         ray.shutdown()
     cfg = load_config("cartpole-ppo", [f"logging.run_root={tmp_path}", "logging.console=false",
