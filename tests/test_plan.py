@@ -137,3 +137,24 @@ def test_near_ties_prefer_headroom_on_the_idle_side():
     space = Space(envs=[16, 32], actors=[1], fragment_steps=1024, preferred_envs=16)
     chosen = choose(predict(cal, config(), space, cores=4), space.preferred_envs)
     assert chosen.envs_per_actor == 32
+
+
+def test_learners_are_planned_when_one_learner_is_the_bottleneck():
+    cal = Calibration({32: 100_000.0}, learner_rate=20_000.0, steps_per_update=2048, fragment_steps=2048,
+                      seconds=0.0, optimizer_steps_per_update=16, parameters=10_000)
+    space = Space(envs=[32], actors=[1, 2, 4, 8, 16], fragment_steps=2048, preferred_envs=32, learners=(1, 2, 4, 8))
+    many = choose(predict(cal, config(bound=100), space, cores=64), 32, cores=64)
+    assert many.learners == 8 and many.actors >= 8, "64 cores: the learners are the bottleneck, so add learners"
+    assert all(r.actors >= r.learners for r in predict(cal, config(bound=100), space, cores=64))
+    two_cores = Space(envs=[32], actors=[1, 2], fragment_steps=2048, preferred_envs=32, learners=(1,))
+    assert choose(predict(cal, config(bound=100), two_cores, cores=2), 32, cores=2).learners == 1
+    # allreduce pays a collective per optimizer step: a learner of 8 consumes less than one alone
+    assert plan.group_learner_rate(cal, 8, "allreduce") < plan.group_learner_rate(cal, 2, "allreduce") < 20_000
+    assert plan.group_learner_rate(cal, 8, "average") == 20_000
+    assert "8 learners share the training" in plan.explain(cal, many, cores=64)
+
+
+def test_layout_space_plans_learners_up_to_half_the_cores():
+    assert layout_space(config(), cores=64, plan_envs=False, plan_actors=True, plan_learners=True).learners == \
+        (1, 2, 4, 8, 16, 32)
+    assert layout_space(config(), cores=2, plan_envs=False, plan_actors=True, plan_learners=True).learners == (1,)

@@ -55,27 +55,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tianji.plan import available_cores, calibrate, choose, format_table, lag_warning, layout_space, mark, predict
+    from tianji.plan import (available_cores, calibrate, choose, explain, format_table, lag_warning, layout_space, mark,
+                             predict)
 
     cfg = load_config(args.config, args.overrides)
     cores = args.cores or available_cores()
     if cores < 1:
         raise ConfigError("--cores: expected a positive number of cores")
-    space = layout_space(cfg, cores, plan_envs=True, plan_actors=True)
+    space = layout_space(cfg, cores, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, then one learner",
           flush=True)
     cal = calibrate(cfg, space)
     layouts = predict(cal, cfg, space, cores)
     chosen = choose(layouts, space.preferred_envs, cores)
     print(format_table(cal, mark(layouts, chosen), cores))
-    configured = [c for c in layouts if (c.actors, c.envs_per_actor) == (cfg.topology.actors, cfg.topology.envs_per_actor)]
-    same = (chosen.actors, chosen.envs_per_actor)
-    for layout, which in ((chosen, "chosen"), *((c, "configured") for c in configured if (c.actors, c.envs_per_actor) != same)):
+    print(explain(cal, chosen, cores, cfg.sync.mode))
+    configured = [c for c in layouts if (c.learners, c.actors, c.envs_per_actor)
+                  == (cfg.topology.learners, cfg.topology.actors, cfg.topology.envs_per_actor)]
+    same = (chosen.learners, chosen.actors, chosen.envs_per_actor)
+    others = [c for c in configured if (c.learners, c.actors, c.envs_per_actor) != same]
+    for layout, which in ((chosen, "chosen"), *((c, "configured") for c in others)):
         warning = lag_warning(cal, cfg, layout)
         if warning:
             print(f"{warning} ({which} layout)")
-    print(f"chosen: --set topology.actors={chosen.actors} --set topology.envs_per_actor={chosen.envs_per_actor} "
-          f"--set topology.fragment_length={chosen.fragment_length}   (or topology.actors: auto in the config)")
+    print(f"chosen: --set topology.learners={chosen.learners} --set topology.actors={chosen.actors} "
+          f"--set topology.envs_per_actor={chosen.envs_per_actor} --set topology.fragment_length={chosen.fragment_length}"
+          "   (or topology.learners/actors: auto in the config)")
     return 0
 
 

@@ -34,7 +34,11 @@ from typing import Any
 from tianji.config import Config, build_config
 
 ENV_CHOICES = (4, 8, 16, 32, 64, 128)
-MAX_ACTORS = 16
+ACTOR_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MAX_ACTORS = 128
+TABLE_ROWS = 30  # `tianji plan` prints the fastest layouts (and the chosen one) when there are more
+SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners (assumed)
+SYNC_BANDWIDTH = 1e9  # bytes/s between learners (assumed: TCP, the same machine or a fast network)
 TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
 HEADROOM = 0.25  # preferred slack on the side that idles
 
@@ -46,6 +50,8 @@ class Calibration:
     steps_per_update: float  # env steps consumed per learner update
     fragment_steps: int  # envs x steps per fragment (kept for every layout)
     seconds: float
+    optimizer_steps_per_update: float = 1.0  # gradient steps in one update (one collective each under allreduce)
+    parameters: int = 0  # trained parameters (what a learner group keeps in step)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Layout:
     max_lag: float  # predicted max policy lag at the learner
     idle_side: str
     held_back: bool = False  # the lag bound keeps fewer fragments in flight than the layout needs
+    learners: int = 1
     chosen: bool = False
 
 
@@ -77,22 +84,31 @@ class Space:
     actors: list[int]
     fragment_steps: int
     preferred_envs: int
+    learners: tuple[int, ...] = (1,)
 
 
-def layout_space(cfg: Config, cores: int, plan_envs: bool, plan_actors: bool) -> Space:
+def layout_space(cfg: Config, cores: int, plan_envs: bool, plan_actors: bool, plan_learners: bool = False) -> Space:
     t = cfg.topology
     k0 = t.envs_per_actor if isinstance(t.envs_per_actor, int) else 16
     steps = k0 * t.fragment_length
     envs = [k for k in ENV_CHOICES if k <= steps] or [k0] if plan_envs else [k0]
     limit = min(MAX_ACTORS, 2 * cores)
-    actors = sorted({a for a in (1, 2, 3, 4, 6, 8, 12, 16) if a <= limit} | {max(1, cores - 1)}) if plan_actors \
+    actors = sorted({a for a in ACTOR_CHOICES if a <= limit} | {max(1, cores - 1)}) if plan_actors \
         else [int(t.actors) if t.actors != "auto" else 1]
-    return Space(envs, actors, steps, k0)
+    if plan_learners:  # powers of two, at most half the cores (each learner wants actors beside it)
+        learners = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n == 1 or n <= cores // 2)
+    else:
+        learners = (int(t.learners) if t.learners != "auto" else 1,)
+    return Space(envs, actors, steps, k0, learners)
 
 
-def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int) -> Config:
+def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int, learners: int | None = None) -> Config:
     raw = cfg.model_dump(mode="json")
     raw["topology"].update(actors=actors, envs_per_actor=envs, fragment_length=max(1, fragment_steps // envs))
+    if learners is not None:
+        raw["topology"]["learners"] = learners
+    elif raw["topology"]["learners"] == "auto":
+        raw["topology"]["learners"] = 1
     return build_config(raw)
 
 
@@ -117,16 +133,29 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
         rates[k] = steps / (time.perf_counter() - t0)
         actor.envs.close()
     layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
-    learner_rate, steps_per_update = _learner_rate(layout, build_actor, build_learner, learner_seconds)
-    return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started)
+    learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
+                                                                               learner_seconds)
+    return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started,
+                       gradient_steps, parameters)
 
 
-def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) -> tuple[float, float]:
-    """Env steps/s one learner consumes, fed as fast as its balance rules allow."""
+class _CountingHook:
+    """Stands where a learner group's gradient allreduce would: counts the optimizer steps."""
+
+    calls = 0
+
+    def gradients(self, params: Any) -> None:
+        self.calls += 1
+
+
+def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) -> tuple[float, float, float, int]:
+    """Env steps/s one learner consumes, fed as fast as its balance rules allow; env steps, optimizer
+    steps per update, and the number of trained parameters."""
     actor = build_actor(layout, 0)
     fragments = [actor.collect() for _ in range(4)]
     actor.envs.close()
     learner = build_learner(layout)
+    hook = learner.algo.sync = _CountingHook()
     fed = 0
 
     def feed_or_train() -> None:
@@ -148,30 +177,50 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) ->
     while time.perf_counter() - t0 < seconds:
         feed_or_train()
     steps = (fed - fed_before) * fragments[0].env_steps
-    return steps / (time.perf_counter() - t0), steps / max(1, learner.updates - updates_before)
+    updates = max(1, learner.updates - updates_before)
+    parameters = sum(p.numel() for p in learner.algo.parameters())
+    return steps / (time.perf_counter() - t0), steps / updates, hook.calls / max(1, learner.updates), parameters
+
+
+def group_learner_rate(cal: Calibration, learners: int, mode: str) -> float:
+    """Env steps/s one learner of a group consumes. allreduce adds a ring all-reduce to every
+    optimizer step: 2 (L - 1) messages of latency SYNC_LATENCY_S and 2 (L - 1) / L of the gradient
+    bytes at SYNC_BANDWIDTH (assumed, not measured); asynchronous averages overlap training."""
+    if learners == 1 or mode != "allreduce":
+        return cal.learner_rate
+    update_s = cal.steps_per_update / cal.learner_rate
+    per_step = 2 * (learners - 1) * SYNC_LATENCY_S + 2 * (learners - 1) / learners * 4 * cal.parameters / SYNC_BANDWIDTH
+    return cal.steps_per_update / (update_s + cal.optimizer_steps_per_update * per_step)
 
 
 # ---------------------------------------------------------------- prediction
 
 
 def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Layout]:
+    """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, each
+    learner consumes `cal.learner_rate` on its own core, and all share the machine's cores."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
     bound = cfg.balance.max_policy_lag
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
     layouts = []
     for k in space.envs:
         rate = cal.actor_rates[k]
-        for a in space.actors:
-            cpu_bound = cores / (1.0 / rate + 1.0 / cal.learner_rate)
-            x = min(min(a, limit) * rate, cal.learner_rate, cpu_bound)  # at most `limit` actors produce at once
-            actor_util, learner_util = x / (a * rate), x / cal.learner_rate
-            actors_wait = actor_util < learner_util
-            lag = predicted_max_lag(a, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
-            held_back = limit < a + (1 if learner_util >= actor_util else 0)  # learner-bound: one more queued
-            idle = ("actors" if actor_util < learner_util - 0.02 else
-                    "learner" if learner_util < actor_util - 0.02 else "neither")
-            layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util,
-                                  min(lag, bound) if cfg.balance.backpressure else lag, idle, held_back))
+        for learners in space.learners:
+            learner_rate = group_learner_rate(cal, learners, cfg.sync.mode)
+            for a in (a for a in space.actors if a >= learners):
+                per_learner = math.ceil(a / learners)
+                cpu_bound = cores / (1.0 / rate + 1.0 / learner_rate)
+                producing = min(a, learners * limit)  # lag-aware credits: at most `limit` in flight per learner
+                x = min(producing * rate, learners * learner_rate, cpu_bound)
+                actor_util, learner_util = x / (a * rate), x / (learners * learner_rate)
+                actors_wait = actor_util < learner_util
+                lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
+                held_back = limit < per_learner + (1 if learner_util >= actor_util else 0)
+                idle = ("actors" if actor_util < learner_util - 0.02 else
+                        "learner" if learner_util < actor_util - 0.02 else "neither")
+                layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util,
+                                      min(lag, bound) if cfg.balance.backpressure else lag, idle, held_back,
+                                      learners))
     return layouts
 
 
@@ -202,6 +251,7 @@ def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None)
     - slack: the idle side keeps HEADROOM (calibration is noisy: a side predicted at 90 % may be
       the bottleneck in practice);
     - the lag bound: a layout it does not hold back (every actor producing, the learner fed);
+    - fewer learners: each more is a process to synchronise (and, with allreduce, to wait for);
     - more actors, up to one per core: production spread over processes keeps the learner fed
       when one actor stalls, and measured faster to the target than one actor on 2 cores;
     - envs per actor closest to the configured value (the batch shape is a tuned hyperparameter);
@@ -211,6 +261,7 @@ def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None)
     fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
     pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
                                     c.held_back,
+                                    c.learners,
                                     -min(c.actors, per_core),
                                     abs(math.log2(c.envs_per_actor / preferred_envs)),
                                     round(c.max_lag, 6), c.actors))
@@ -222,16 +273,35 @@ def lag_warning(cal: Calibration, cfg: Config, chosen: Layout) -> str | None:
     if not chosen.held_back:
         return None
     vpf = cal.fragment_steps / cal.steps_per_update
-    needed = bound_needed(chosen.actors, chosen.learner_utilization >= chosen.actor_utilization, vpf)
-    return (f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {chosen.actors} actors: "
+    per_learner = math.ceil(chosen.actors / chosen.learners)
+    needed = bound_needed(per_learner, chosen.learner_utilization >= chosen.actor_utilization, vpf)
+    return (f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {per_learner} actors "
+            f"per learner: "
             f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.max_policy_lag, vpf)} fragment(s) in flight "
             f"({vpf:.2g} versions each), so actors wait for fresh weights (nothing is dropped); "
             f"a bound of {math.ceil(needed)} keeps them all busy")
 
 
+def explain(cal: Calibration, chosen: Layout, cores: int, mode: str = "allreduce") -> str:
+    """Why this layout: what bounds its throughput, from the measured rates."""
+    learner_rate = group_learner_rate(cal, chosen.learners, mode)
+    cpu_bound = cores / (1.0 / cal.actor_rates[chosen.envs_per_actor] + 1.0 / learner_rate)
+    bounds = {"the learners": chosen.learners * learner_rate,
+              "the actors": chosen.actors * cal.actor_rates[chosen.envs_per_actor],
+              f"the {cores} cores (actors and learners share them)": cpu_bound}
+    limit = min(bounds, key=bounds.get)
+    more = ("" if chosen.learners == 1 else
+            f"; one learner would cap it at {cal.learner_rate:,.0f} env steps/s, so {chosen.learners} learners share "
+            f"the training (actors dealt evenly, {math.ceil(chosen.actors / chosen.learners)} each; sync.mode {mode} "
+            f"leaves each {learner_rate:,.0f} env steps/s)")
+    return (f"why: {chosen.learners} learner(s) x {chosen.actors} actors x {chosen.envs_per_actor} envs is predicted "
+            f"to reach {chosen.env_steps_per_s:,.0f} env steps/s, bounded by {limit}{more}; among layouts within "
+            f"{TIE:.0%} of the best it keeps the most slack, stays inside the lag bound and has the fewest learners")
+
+
 def mark(layouts: list[Layout], chosen: Layout) -> list[Layout]:
-    same = (chosen.actors, chosen.envs_per_actor)
-    return [chosen if (c.actors, c.envs_per_actor) == same else c for c in layouts]
+    same = (chosen.learners, chosen.actors, chosen.envs_per_actor)
+    return [chosen if (c.learners, c.actors, c.envs_per_actor) == same else c for c in layouts]
 
 
 # ---------------------------------------------------------------- cache and start-up resolution
@@ -307,19 +377,20 @@ def _calibrate_in_child(cfg: Config, space: Space) -> Calibration:
 
 
 def needs_plan(cfg: Config) -> bool:
-    return cfg.topology.actors == "auto" or cfg.topology.envs_per_actor == "auto"
+    t = cfg.topology
+    return "auto" in (t.actors, t.envs_per_actor, t.learners)
 
 
 def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[str, Any]]:
     """Replace `auto` in the topology by the planned layout; returns the config and the plan record."""
     cores = cores or available_cores()
     space = layout_space(cfg, cores, plan_envs=cfg.topology.envs_per_actor == "auto",
-                         plan_actors=cfg.topology.actors == "auto")
+                         plan_actors=cfg.topology.actors == "auto", plan_learners=cfg.topology.learners == "auto")
     cal, cached = load_or_calibrate(cfg, space)
     chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs, cores)
     record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen),
               "warning": lag_warning(cal, cfg, chosen)}
-    return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps), record
+    return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps, chosen.learners), record
 
 
 def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
@@ -328,10 +399,15 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     lines.append("  actor env steps/s by envs per actor: "
                  + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
-    lines.append(f"  {'':2}{'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
+    shown = layouts
+    if len(layouts) > TABLE_ROWS:
+        lines.append(f"  (the {TABLE_ROWS} fastest of {len(layouts)} layouts, and the chosen one)")
+        fastest = sorted(layouts, key=lambda c: -c.env_steps_per_s)[:TABLE_ROWS]
+        shown = fastest + [c for c in layouts if c.chosen and c not in fastest]
+    lines.append(f"  {'':2}{'learners':>8} {'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
                  f"{'learner util':>12} {'max lag':>7}  idle")
-    for c in sorted(layouts, key=lambda c: (c.envs_per_actor, c.actors)):
-        lines.append(f"  {'*' if c.chosen else ' ':2}{c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
+    for c in sorted(shown, key=lambda c: (c.learners, c.envs_per_actor, c.actors)):
+        lines.append(f"  {'*' if c.chosen else ' ':2}{c.learners:>8} {c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
                      f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
                      f"{c.max_lag:>7.1f}  {c.idle_side}{' (held back by the lag bound)' if c.held_back else ''}")
     return "\n".join(lines)
