@@ -1,5 +1,5 @@
-"""The paper's ablation table on CartPole: what balance, queue depth, layout and actor count do to
-time-to-target, env steps to target, throughput and policy lag.
+"""The paper's ablation table on CartPole: what balance, queue depth, layout, actor count and the
+synchronisation of several learners do to time-to-target, env steps to target, throughput and lag.
 
     python benchmarks/ablations.py [--seeds 3] [--algos ppo dqn] [--rows planned actor] [--out ablations.png]
 
@@ -57,6 +57,11 @@ def variants(algo: str, seed_for_random: int, planned: list[str]) -> list[tuple[
             (PLANNED, planned),
         ]
     rows += [(f"{a} actor{'s' if a > 1 else ''} per learner", [f"topology.actors={a}"]) for a in (1, 2, 4, 8)]
+    # several learners (2 actors in all, one per learner): the strict and the relaxed synchronisation
+    group = ["topology.learners=2", "topology.actors=2"]
+    rows += [("2 learners, allreduce every step", [*group, "sync.mode=allreduce"])]
+    rows += [(f"2 learners, average every {k} update{'s' if k > 1 else ''}", [*group, "sync.mode=average",
+                                                                           f"sync.every={k}"]) for k in (1, 4, 16)]
     return rows
 
 
@@ -106,7 +111,7 @@ def _layout(config_yaml: str) -> str:
     import yaml
 
     t = yaml.safe_load(config_yaml)["topology"]
-    return f"{t['actors']}x{t['envs_per_actor']}"
+    return f"{t['actors']}x{t['envs_per_actor']}" + (f"/{t['learners']}L" if t.get("learners", 1) != 1 else "")
 
 
 def summarize(name: str, runs: list[dict], cap: float) -> dict:
@@ -118,6 +123,7 @@ def summarize(name: str, runs: list[dict], cap: float) -> dict:
         "time_to_target_s": statistics.median(times),
         "env_steps_to_target": statistics.median(steps) if steps else None,
         "env_steps_per_s": statistics.median(r["env_steps"] / r["wall_time_s"] for r in runs),
+        "updates_per_s": statistics.median(r["updates"] / r["wall_time_s"] for r in runs),
         "lag_mean": statistics.median(r["policy_lag_mean"] for r in runs),
         "lag_max": max(r["policy_lag_max"] for r in runs),
         "layouts": sorted({r["layout"] for r in runs}),
@@ -126,12 +132,13 @@ def summarize(name: str, runs: list[dict], cap: float) -> dict:
 
 def print_table(algo: str, rows: list[dict]) -> None:
     print(f"\n{PRESET[algo]} (median over seeds; misses count as the {CAP_S[algo]} s cap)")
-    print(f"{'variant':<58} {'reached':>7} {'time s':>7} {'steps':>9} {'steps/s':>9} {'lag avg':>7} "
+    print(f"{'variant':<58} {'reached':>7} {'time s':>7} {'steps':>9} {'steps/s':>9} {'upd/s':>7} {'lag avg':>7} "
           f"{'lag max':>8}  layout")
     for r in rows:
         steps = "-" if r["env_steps_to_target"] is None else f"{r['env_steps_to_target']:,.0f}"
         print(f"{r['variant']:<58} {r['reached']:>7} {r['time_to_target_s']:>7.1f} {steps:>9} "
-              f"{r['env_steps_per_s']:>9,.0f} {r['lag_mean']:>7.1f} {r['lag_max']:>8}  {','.join(r['layouts'])}")
+              f"{r['env_steps_per_s']:>9,.0f} {r.get('updates_per_s', float('nan')):>7.1f} {r['lag_mean']:>7.1f} "
+              f"{r['lag_max']:>8}  {','.join(r['layouts'])}")
 
 
 def plot(results: dict[str, list[dict]], out: Path) -> None:

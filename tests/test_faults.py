@@ -34,6 +34,21 @@ def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def kill_mid_run(run_dir: Path, role: str, *overrides: str, timeout_s: float = 180) -> tuple[dict, int, int, str]:
+    """Train, kill `role` with SIGKILL once a checkpoint exists, let the run finish; returns the
+    role pids before the kill, the checkpoint's version then, the command's exit code and output."""
+    process = start_training(run_dir, "checkpoint.interval_s=0.5", *overrides)
+    try:
+        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
+        before, version = json.loads((run_dir / "roles.json").read_text()), checkpoint_version(run_dir)
+        os.kill(before[role], signal.SIGKILL)
+        output, _ = process.communicate(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return before, version, process.returncode, output
+
+
 def checkpoint_version(run_dir: Path) -> int:
     try:
         return int(torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)["version"])
@@ -74,17 +89,9 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
 
 def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_target(tmp_path):
     run_dir = tmp_path / "run"
-    process = start_training(run_dir, "checkpoint.interval_s=0.5", "stop.max_wall_time_s=120")
-    try:
-        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
-        victim = json.loads((run_dir / "roles.json").read_text())["learner0"]
-        restored_from = checkpoint_version(run_dir)
-        os.kill(victim, signal.SIGKILL)
-        output, _ = process.communicate(timeout=150)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, output
+    before, restored_from, returncode, output = kill_mid_run(run_dir, "learner0", "stop.max_wall_time_s=120")
+    victim = before["learner0"]
+    assert returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target_reached"], summary
     assert summary["learner_restarts"] == 1 and summary["role_restarts"] == 0
@@ -97,17 +104,9 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_tar
 
 
 def test_a_restarted_learner_that_keeps_failing_ends_the_run(tmp_path):
-    run_dir = tmp_path / "run"
-    process = start_training(run_dir, "stop.target_return=null", "stop.max_wall_time_s=60",
-                             "supervision.max_learner_restarts=0")
-    try:
-        assert wait_for(lambda: (run_dir / "roles.json").exists(), 60)
-        os.kill(json.loads((run_dir / "roles.json").read_text())["learner0"], signal.SIGKILL)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 1
+    _, _, returncode, output = kill_mid_run(tmp_path / "run", "learner0", "stop.target_return=null",
+                                         "stop.max_wall_time_s=60", "supervision.max_learner_restarts=0")
+    assert returncode == 1
     assert "learner restarts reached supervision limit 0" in output
 
 
@@ -186,16 +185,8 @@ def test_slot_reader_opens_only_files_directly_in_the_run_folder(tmp_path):
 
 def test_a_learner_of_a_group_killed_restarts_the_group_and_the_run_reaches_its_target(tmp_path):
     run_dir = tmp_path / "run"
-    process = start_training(run_dir, "checkpoint.interval_s=0.5", "stop.max_wall_time_s=150", "topology.learners=2")
-    try:
-        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0, 60)
-        before = json.loads((run_dir / "roles.json").read_text())
-        os.kill(before["learner1"], signal.SIGKILL)
-        output, _ = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, output
+    before, _, returncode, output = kill_mid_run(run_dir, "learner1", "stop.max_wall_time_s=150", "topology.learners=2")
+    assert returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target_reached"] and summary["learner_restarts"] == 1, summary
     after = json.loads((run_dir / "roles.json").read_text())

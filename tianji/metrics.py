@@ -362,7 +362,7 @@ class _ConsoleLine:
             f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
             + (f"eval {evaluated:6.1f} " if evaluated == evaluated else "")
             + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
-            f"upd {row['perf/updates_per_s']:5.1f}/s | lag {_fmt(row['balance/lag_min'])}/"
+            f"upd {row['perf/updates_per_s']:5.1f}/s{_per_learner_updates(row)} | lag {_fmt(row['balance/lag_min'])}/"
             f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
             f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
         )
@@ -379,6 +379,12 @@ class _ConsoleLine:
         if self.enabled and self.tty and self._shown:
             sys.stdout.write("\n")
             sys.stdout.flush()
+
+
+def _per_learner_updates(row: dict[str, float]) -> str:
+    """' (9.8+10.1)': each learner's share of a group's updates/s (nothing for one learner)."""
+    shares = [v for k, v in row.items() if k.startswith("perf/learner") and k.endswith("/updates_per_s")]
+    return f" ({'+'.join(f'{v:.1f}' for v in shares)})" if len(shares) > 1 else ""
 
 
 def _fmt(x: float, digits: int = 0) -> str:
