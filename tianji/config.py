@@ -73,6 +73,9 @@ class PPOConfig(_Section):
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: Literal["auto", "mlp", "cnn"] = Field(
+        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
+        "`hidden` layers otherwise.")
 
 
 class DQNConfig(_Section):
@@ -83,6 +86,9 @@ class DQNConfig(_Section):
     double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
     dueling: bool = Field(True, description="Dueling value/advantage heads.")
     hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
+    model: Literal["auto", "mlp", "cnn"] = Field(
+        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
+        "`hidden` layers otherwise.")
     batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
     buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
     learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
@@ -102,7 +108,25 @@ class DQNConfig(_Section):
     epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
 
 
-AlgoConfig = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
+class IMPALAConfig(_Section):
+    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
+                                    "off-policy correction (tolerates policy lag).")
+    lr: float = Field(6e-4, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
+    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
+    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments in one gradient step.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: Literal["auto", "mlp", "cnn"] = Field(
+        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
+        "`hidden` layers otherwise.")
+
+
+AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig], Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):

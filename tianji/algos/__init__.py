@@ -17,7 +17,14 @@ def _dqn() -> AlgoSpec:
     return AlgoSpec("dqn", DQNPolicy, DQNLearner, check_spaces)
 
 
-_FACTORIES = {"ppo": _ppo, "dqn": _dqn}
+def _impala() -> AlgoSpec:
+    from tianji.algos.impala import IMPALALearner, IMPALAPolicy
+    from tianji.algos.ppo import check_spaces
+
+    return AlgoSpec("impala", IMPALAPolicy, IMPALALearner, check_spaces)
+
+
+_FACTORIES = {"ppo": _ppo, "dqn": _dqn, "impala": _impala}
 
 
 def get_algo(name: str) -> AlgoSpec:

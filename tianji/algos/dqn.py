@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, mlp, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights
+from tianji.algos.networks import make_trunk
 from tianji.config import DQNConfig
 from tianji.optim import Adam
 from tianji.replay import PrioritizedReplay
@@ -98,20 +99,17 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
 
 
 class QNetwork(nn.Module):
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool):
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool, model: str):
         super().__init__()
         check_spaces(obs_space, act_space)
-        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
         n_actions = int(act_space.n)
-        obs_dim = int(np.prod(obs_space.shape))
         self.dueling = dueling
-        self.trunk = nn.Sequential(mlp([obs_dim, *hidden], nn.ReLU), nn.ReLU()) if hidden else nn.Identity()
-        width = hidden[-1] if hidden else obs_dim
+        self.trunk, width = make_trunk(obs_space, hidden, model, nn.ReLU)
         self.advantage = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1) if dueling else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.trunk(obs.reshape(obs.shape[0], -1).float() * self.scale)
+        x = self.trunk(obs)
         adv = self.advantage(x)
         if self.value is None:
             return adv
@@ -119,7 +117,7 @@ class QNetwork(nn.Module):
 
 
 def _make_net(cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space) -> QNetwork:
-    return QNetwork(obs_space, act_space, cfg.hidden, cfg.dueling)
+    return QNetwork(obs_space, act_space, cfg.hidden, cfg.dueling, cfg.model)
 
 
 # ------------------------------------------------------------------ actor side

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, mlp, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights
+from tianji.algos.networks import PolicyValueNet
 from tianji.config import PPOConfig
 from tianji.optim import Adam
 
@@ -95,59 +96,9 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
         raise ValueError(f"PPO supports Discrete or Box action spaces, got {act_space}")
 
 
-class ActorCritic(nn.Module):
-    """Separate policy and value MLPs; discrete (categorical) or box (diagonal Gaussian) actions."""
-
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int]):
-        super().__init__()
-        check_spaces(obs_space, act_space)
-        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
-        obs_dim = int(np.prod(obs_space.shape))
-        self.discrete = isinstance(act_space, gym.spaces.Discrete)
-        if self.discrete:
-            out_dim = int(act_space.n)
-        else:
-            out_dim = int(np.prod(act_space.shape))
-            self.log_std = nn.Parameter(torch.zeros(out_dim))
-        self.pi = mlp([obs_dim, *hidden, out_dim])
-        self.v = mlp([obs_dim, *hidden, 1])
-        with torch.no_grad():  # small last layer: near-uniform initial policy
-            self.pi[-1].weight.mul_(0.01)
-            self.pi[-1].bias.zero_()
-
-    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(obs.shape[0], -1).float() * self.scale
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.v(self._flat(obs)).squeeze(-1)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self._flat(obs)
-        return self.pi(x), self.v(x).squeeze(-1)
-
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        head, value = self(obs)
-        if self.discrete:
-            log_probs = torch.log_softmax(head, dim=-1)
-            action = torch.multinomial(log_probs.exp(), 1)
-            return action.squeeze(-1), log_probs.gather(-1, action).squeeze(-1), value
-        action = head + self.log_std.exp() * torch.randn_like(head)
-        return action, self._gaussian_logp(head, action), value
-
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-prob of `action`, entropy, value under the current parameters."""
-        head, value = self(obs)
-        if self.discrete:
-            log_probs = torch.log_softmax(head, dim=-1)
-            logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-            return logp, entropy, value
-        entropy = (0.5 + 0.5 * np.log(2 * np.pi) + self.log_std).sum().expand(head.shape[0])
-        return self._gaussian_logp(head, action), entropy, value
-
-    def _gaussian_logp(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        z = (action - mean) / self.log_std.exp()
-        return (-0.5 * z.pow(2) - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+def make_net(cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
+    check_spaces(obs_space, act_space)
+    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model)
 
 
 # ------------------------------------------------------------------ actor side
@@ -155,7 +106,7 @@ class ActorCritic(nn.Module):
 
 class PPOPolicy:
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
-        self.net = ActorCritic(obs_space, act_space, cfg.hidden)
+        self.net = make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
         self.low = getattr(act_space, "low", None)
         self.high = getattr(act_space, "high", None)
@@ -172,8 +123,8 @@ class PPOPolicy:
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        head, _ = self.net(torch.from_numpy(obs))
-        return head.argmax(dim=-1).numpy() if self.net.discrete else np.clip(head.numpy(), self.low, self.high)
+        action = self.net.greedy(torch.from_numpy(obs)).numpy()
+        return action if self.net.discrete else np.clip(action, self.low, self.high)
 
     @torch.no_grad()
     def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
@@ -186,7 +137,7 @@ class PPOPolicy:
 class PPOLearner:
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
         self.cfg = cfg
-        self.net = ActorCritic(obs_space, act_space, cfg.hidden)
+        self.net = make_net(cfg, obs_space, act_space)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []

@@ -1,0 +1,143 @@
+"""Networks chosen by observation: the Nature CNN trunk for images, MLPs for vectors.
+
+Observations reach the network as they came from the env (uint8 pixels stay uint8 through the
+actor, shared memory and the learner's batch); they become floats only here, in the first layer.
+
+    net = PolicyValueNet(obs_space, act_space, hidden=[64, 64], model="auto")   # PPO, IMPALA
+    trunk, width = make_trunk(obs_space, hidden, model, activation)             # DQN
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.algos.base import mlp
+
+CNN_FEATURES = 512
+
+
+def is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+
+
+def choose_model(obs_space: gym.Space, model: str) -> str:
+    """'cnn' for image observations, 'mlp' otherwise; `model` overrides ('auto' chooses)."""
+    if model == "auto":
+        return "cnn" if is_image(obs_space) else "mlp"
+    if model == "cnn" and not is_image(obs_space):
+        raise ValueError(f"algo.model 'cnn' needs image observations (height, width, channels or channels "
+                         f"first), got shape {obs_space.shape}")
+    return model
+
+
+def _scale(space: gym.Space) -> float:
+    return 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
+
+
+class Flatten(nn.Module):
+    """Vector observations (or any shape) as float rows."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        self.scale = _scale(obs_space)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1).float() * self.scale
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 3 convolutions and a 512-unit layer; frames are channels (stacked)."""
+
+    def __init__(self, obs_space: gym.Space):
+        super().__init__()
+        shape = obs_space.shape
+        self.channels_last = shape[-1] < shape[0]  # (84, 84, 4) rather than (4, 84, 84)
+        channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        self.scale = _scale(obs_space)
+        self.conv = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.conv(torch.zeros(1, channels, height, width)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, CNN_FEATURES), nn.ReLU())
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.permute(0, 3, 1, 2) if self.channels_last else obs
+        return self.fc(self.conv(x.float() * self.scale))
+
+
+def make_trunk(obs_space: gym.Space, hidden: list[int], model: str,
+               activation: type[nn.Module] = nn.ReLU) -> tuple[nn.Module, int]:
+    """A feature extractor and its width: the Nature CNN, or an MLP of `hidden` layers."""
+    if choose_model(obs_space, model) == "cnn":
+        return NatureCNN(obs_space), CNN_FEATURES
+    flat = int(np.prod(obs_space.shape))
+    if not hidden:
+        return Flatten(obs_space), flat
+    return nn.Sequential(Flatten(obs_space), mlp([flat, *hidden], activation), activation()), hidden[-1]
+
+
+class PolicyValueNet(nn.Module):
+    """Policy head (categorical, or diagonal Gaussian with a learned log-std) and value head.
+    MLP: separate policy and value MLPs (`pi`, `v`); CNN: one shared trunk (`body`) and two heads."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], model: str = "auto"):
+        super().__init__()
+        self.discrete = isinstance(act_space, gym.spaces.Discrete)
+        out_dim = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(out_dim))
+        self.shared = choose_model(obs_space, model) == "cnn"
+        if self.shared:
+            self.body, width = make_trunk(obs_space, hidden, "cnn")
+            self.pi, self.v = nn.Linear(width, out_dim), nn.Linear(width, 1)
+        else:
+            self.flat = Flatten(obs_space)
+            obs_dim = int(np.prod(obs_space.shape))
+            self.pi, self.v = mlp([obs_dim, *hidden, out_dim]), mlp([obs_dim, *hidden, 1])
+        last = self.pi if isinstance(self.pi, nn.Linear) else self.pi[-1]
+        with torch.no_grad():  # small last layer: near-uniform initial policy
+            last.weight.mul_(0.01)
+            last.bias.zero_()
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.body(obs) if self.shared else self.flat(obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.v(self._features(obs)).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._features(obs)
+        return self.pi(x), self.v(x).squeeze(-1)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        head, value = self(obs)
+        if self.discrete:
+            log_probs = torch.log_softmax(head, dim=-1)
+            action = torch.multinomial(log_probs.exp(), 1)
+            return action.squeeze(-1), log_probs.gather(-1, action).squeeze(-1), value
+        action = head + self.log_std.exp() * torch.randn_like(head)
+        return action, self._gaussian_logp(head, action), value
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-prob of `action`, entropy, value under the current parameters."""
+        head, value = self(obs)
+        if self.discrete:
+            log_probs = torch.log_softmax(head, dim=-1)
+            logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return logp, entropy, value
+        entropy = (0.5 + 0.5 * np.log(2 * np.pi) + self.log_std).sum().expand(head.shape[0])
+        return self._gaussian_logp(head, action), entropy, value
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        head, _ = self(obs)
+        return head.argmax(dim=-1) if self.discrete else head
+
+    def _gaussian_logp(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        z = (action - mean) / self.log_std.exp()
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
