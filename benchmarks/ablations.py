@@ -62,6 +62,8 @@ def variants(algo: str, seed_for_random: int, planned: list[str]) -> list[tuple[
     rows += [("2 learners, allreduce every step", [*group, "sync.mode=allreduce"])]
     rows += [(f"2 learners, average every {k} update{'s' if k > 1 else ''}", [*group, "sync.mode=average",
                                                                            f"sync.every={k}"]) for k in (1, 4, 16)]
+    rows += [("2 learners, average every update, own Adam moments", [*group, "sync.mode=average", "sync.every=1",
+                                                                     "sync.average_optimizer=false"])]
     return rows
 
 

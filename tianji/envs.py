@@ -3,6 +3,7 @@
 Three ways to name an environment in `env`:
 
     id: CartPole-v1                        # registered with Gymnasium
+    id: ALE/Pong-v5                        # any Atari game, through ale-py's native vector env
     id: "myenvs:GridWalk-v0"               # import `myenvs` first (its gymnasium.register calls run)
     entry_point: "myenvs:GridWalk"         # a class or function returning a gymnasium.Env, with env.kwargs
 
@@ -14,6 +15,7 @@ Mistakes raise `ConfigError` naming the field and what was expected.
 from __future__ import annotations
 
 import importlib
+import re
 from functools import partial
 from typing import Any, Callable
 
@@ -81,21 +83,60 @@ def _make_from_factory(factory: Callable[..., Any], kwargs: dict[str, Any], entr
     return env
 
 
+ATARI_PREFIX = "ALE/"
+
+
+def is_atari(cfg: EnvConfig) -> bool:
+    return cfg.id is not None and cfg.id.startswith(ATARI_PREFIX)
+
+
+def atari_game(env_id: str) -> str:
+    """'ALE/SpaceInvaders-v5' -> 'space_invaders' (ale-py's ROM id)."""
+    name = env_id[len(ATARI_PREFIX):].split("-")[0]
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def make_atari(cfg: EnvConfig, num_envs: int, threads: int) -> gym.vector.VectorEnv:
+    """ale-py's native vector env (its C++ thread pool) with the Nature/DQN preprocessing: 84x84 grey,
+    frame skip 4 with max-pool, 4 stacked frames, up to 30 no-ops and fire on reset, no sticky actions
+    (the published Pong protocol), episodes of at most 108,000 frames; raw game score as reward
+    (env.reward_clip clips it for training only). env.kwargs override any of AtariVectorEnv's options."""
+    try:
+        from ale_py import roms
+        from ale_py.vector_env import AtariVectorEnv
+    except ImportError:
+        raise ConfigError(f"env.id {cfg.id!r} needs ale-py: pip install 'tianji[atari]'") from None
+    game = atari_game(cfg.id)
+    if game not in roms.get_all_rom_ids():
+        raise ConfigError(f"env.id: ale-py has no game {game!r} (from {cfg.id!r}); e.g. ALE/Pong-v5, ALE/Breakout-v5")
+    options = {"repeat_action_probability": 0.0, "noop_max": 30, "use_fire_reset": True, "frameskip": 4,
+               "stack_num": 4, "img_height": 84, "img_width": 84, "grayscale": True, "maxpool": True,
+               "reward_clipping": False, "episodic_life": False, "max_num_frames_per_episode": 108_000,
+               "num_threads": threads, **cfg.kwargs}
+    try:
+        return AtariVectorEnv(game, num_envs, **options)
+    except TypeError as exc:
+        raise ConfigError(f"env.kwargs: {exc}") from None
+
+
 def check_env(cfg: EnvConfig) -> None:
     """Resolve the env config (imports included) without building an env; raises ConfigError."""
     if cfg.entry_point is not None:
         env_factory(cfg.entry_point)
-    else:
+    elif not is_atari(cfg):
         registered_spec(cfg.id)
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
-    """`num_envs` copies stepped together; a native vectorized implementation when the env has one.
+def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1) -> gym.vector.VectorEnv:
+    """`num_envs` copies stepped together; a native vectorized implementation when the env has one
+    (Atari: ale-py's, with `threads` threads).
 
     Every vector env here resets a finished sub-env on the *next* step (Gymnasium's
     default), which is the convention the actor's recording relies on.
     """
-    if cfg.entry_point is not None:
+    if is_atari(cfg):
+        envs = make_atari(cfg, num_envs, threads)
+    elif cfg.entry_point is not None:
         factory = env_factory(cfg.entry_point)
         envs = gym.vector.SyncVectorEnv([partial(_make_from_factory, factory, cfg.kwargs, cfg.entry_point)] * num_envs)
     else:

@@ -1,9 +1,10 @@
 """Shared-memory fragment slots: data stays put, only slot indices travel.
 
 Each actor owns one file under /dev/shm holding `slots` equally sized slots
-(its credits). It writes a fragment into a free slot and sends a small header
-naming the file and slot; the learner copies the arrays out and returns the
-credit. The driver removes every file of a run when it ends.
+(its credits). It writes a fragment's rows straight into a granted slot (after
+the first fragment has fixed the layout: `SlotWriter.views`) and sends a small
+header naming the file and slot; the learner copies the arrays out once and
+returns the credit. The driver removes every file of a run when it ends.
 """
 
 from __future__ import annotations
@@ -62,7 +63,19 @@ class SlotWriter:
         for offset, arr in zip(self._offsets, arrays.values()):
             dst = np.frombuffer(self._map, dtype=arr.dtype, count=arr.size, offset=base + offset)
             dst[...] = arr.reshape(-1)
-        return {"shm": str(self.path), "slot": slot, "slot_bytes": self.slot_bytes, "fields": fields}
+        return self.header(slot)
+
+    def views(self, slot: int) -> dict[str, np.ndarray] | None:
+        """Arrays laid out like the last write, living in `slot`: fill them in place, then send
+        `header(slot)` (no copy at all). None until a first write has fixed the layout."""
+        if self._map is None or self._fields is None:
+            return None
+        base = slot * self.slot_bytes
+        return {name: np.frombuffer(self._map, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset).reshape(shape)
+                for (name, dt, shape, nbytes), offset in zip(check_fields(self._fields), self._offsets)}
+
+    def header(self, slot: int) -> dict[str, Any]:
+        return {"shm": str(self.path), "slot": slot, "slot_bytes": self.slot_bytes, "fields": self._fields}
 
     def _open(self, fields: list[Any]) -> None:
         self.close()
@@ -80,7 +93,10 @@ class SlotWriter:
 
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:  # views of it are still alive: the mapping goes when they do
+                pass
             self._map = None
 
 

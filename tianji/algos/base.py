@@ -103,8 +103,26 @@ class AlgoLearner(Protocol):
 class AlgoSpec:
     name: str
     make_policy: Callable[[Any, Any, Any, Placement], ActorPolicy]
-    make_learner: Callable[[Any, Any, Any], AlgoLearner]
+    make_learner: Callable[..., AlgoLearner]  # (algo config, obs space, action space, device="cpu")
     check_spaces: Callable[[Any, Any], None]  # raises ValueError naming what the algorithm cannot take
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto': CUDA when this machine has it, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("learner.device is 'cuda' but torch sees no CUDA device here")
+    return torch.device(device)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch for the learner's device: on CUDA through pinned host memory with a non-blocking copy.
+    Pixels stay uint8 here (the network converts them)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
 
 
 def module_weights(module: torch.nn.Module) -> Arrays:

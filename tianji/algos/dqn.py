@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
 from tianji.algos.networks import make_trunk
 from tianji.config import DQNConfig
 from tianji.optim import Adam
@@ -184,10 +184,11 @@ class DQNPolicy:
 # ------------------------------------------------------------------ learner side
 
 class DQNLearner:
-    def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space):
+    def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
-        self.net = _make_net(cfg, obs_space, act_space)
-        self.target = _make_net(cfg, obs_space, act_space)
+        self.device = resolve_device(device)
+        self.net = _make_net(cfg, obs_space, act_space).to(self.device)
+        self.target = _make_net(cfg, obs_space, act_space).to(self.device)
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
@@ -226,7 +227,7 @@ class DQNLearner:
     def update(self) -> dict[str, float]:
         c = self.cfg
         idx, batch, weights = self.replay.sample(c.batch_size, self._beta(), self.rng)
-        t = {k: torch.from_numpy(v) for k, v in batch.items()}
+        t = {k: to_device(v, self.device) for k, v in batch.items()}
         q = self.net(torch.cat([t["obs"], t["next_obs"]])) if c.double else self.net(t["obs"])
         q_obs = q[: c.batch_size]
         with torch.no_grad():
@@ -235,14 +236,14 @@ class DQNLearner:
             targets = double_q_targets(t["nstep_return"], t["discount"],
                                        next_q_online if c.double else next_q_target, next_q_target, c.double)
         q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
-        loss, td = td_loss(q_taken, targets, torch.from_numpy(weights))
+        loss, td = td_loss(q_taken, targets, to_device(weights, self.device))
         self.optimizer.zero_grad()
         loss.backward()
         self.sync.gradients(self.optimizer.params)
         grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()
         if c.prioritized:
-            self.replay.update_priorities(idx, td.abs().numpy())
+            self.replay.update_priorities(idx, td.abs().cpu().numpy())
         self.updates += 1
         self._update_target()
         return {"loss": loss.item(), "q_mean": q_taken.mean().item(), "td_abs": float(td.abs().mean()),

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
 from tianji.algos.networks import PolicyValueNet
 from tianji.algos.ppo import check_spaces
 from tianji.algos.vtrace import vtrace
@@ -68,7 +68,7 @@ class IMPALAPolicy:
 class IMPALALearner:
     def __init__(self, cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
         self.sync = NO_HOOK
@@ -91,8 +91,7 @@ class IMPALALearner:
     def _tensor(self, key: str, fragments: list[Mapping[str, np.ndarray]], axis: int = 1) -> torch.Tensor:
         """Fragments side by side on the env axis ([T, k1 + k2, ...]); uint8 stays uint8 until the net."""
         array = np.concatenate([f[key] for f in fragments], axis=axis) if len(fragments) > 1 else fragments[0][key]
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        return tensor.to(self.device, non_blocking=True)
+        return to_device(array, self.device)
 
     def update(self) -> dict[str, float]:
         c = self.cfg

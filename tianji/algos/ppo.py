@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
 from tianji.algos.networks import PolicyValueNet
 from tianji.config import PPOConfig
 from tianji.optim import Adam
@@ -135,9 +135,10 @@ class PPOPolicy:
 
 
 class PPOLearner:
-    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space):
+    def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
-        self.net = make_net(cfg, obs_space, act_space)
+        self.device = resolve_device(device)
+        self.net = make_net(cfg, obs_space, act_space).to(self.device)
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []
@@ -168,7 +169,7 @@ class PPOLearner:
             valid = f["valid"].reshape(-1)
             for key, arr in (("obs", f["obs"]), ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret)):
                 parts[key].append(arr.reshape(valid.shape[0], *arr.shape[2:])[valid])
-        return {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
+        return {k: to_device(np.concatenate(v), self.device) for k, v in parts.items()}
 
     def update(self) -> dict[str, float]:
         batch = self._batch()
@@ -177,7 +178,7 @@ class PPOLearner:
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(self.cfg.epochs):
-            order = torch.randperm(n)
+            order = torch.randperm(n, device=self.device)
             for start in range(0, n - size + 1, size):
                 idx = order[start : start + size]
                 logp, entropy, value = self.net.evaluate(batch["obs"][idx], batch["action"][idx])

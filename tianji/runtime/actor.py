@@ -2,6 +2,7 @@
 
     actor = Actor(actor_id=0, envs=make_vector_env(cfg.env, 16), policy=policy, fragment_length=32, seed=0)
     fragment = actor.collect()          # 32 steps x 16 envs, stamped with actor.version
+    fragment = actor.collect(out=views) # the same, written straight into `views` (a shared-memory slot)
     actor.set_weights(version, weights) # newest weights win, applied between fragments
 
 Recording convention (per row t, per env): `obs` seen, what the policy recorded
@@ -32,11 +33,13 @@ class Fragment:
 
 
 class Actor:
-    def __init__(self, actor_id: int, envs: Any, policy: ActorPolicy, fragment_length: int, seed: int):
+    def __init__(self, actor_id: int, envs: Any, policy: ActorPolicy, fragment_length: int, seed: int,
+                 reward_clip: float | None = None):
         self.actor_id = actor_id
         self.envs = envs
         self.policy = policy
         self.T = fragment_length
+        self.reward_clip = reward_clip  # training rewards only; episode returns stay the real score
         self.k = envs.num_envs
         self.obs, _ = envs.reset(seed=seed)
         self.prev_done = np.zeros(self.k, dtype=bool)
@@ -46,7 +49,6 @@ class Actor:
         self._length = np.zeros(self.k, dtype=np.int64)
         self.episodes: list[tuple[float, int]] = []  # finished (return, length), drained by the caller
         self.busy_s = 0.0
-        self._buffers: Arrays | None = None
 
     def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
         """Newest weights win; `force` takes older ones too (a restarted learner counts from its checkpoint)."""
@@ -54,15 +56,25 @@ class Actor:
             self.policy.load_weights(weights)
             self.version = version
 
-    def collect(self) -> Fragment:
-        """Step the envs T times and return one fragment stamped with the current version."""
+    def collect(self, out: Arrays | None = None) -> Fragment:
+        """Step the envs T times and return one fragment stamped with the current version.
+
+        `out`: arrays laid out like the previous fragment's (`layout()`), e.g. views of a shared-memory
+        slot: every step's rows are written straight into them, and so is what the policy adds at the
+        end; nothing is copied afterwards. Without it the fragment gets arrays of its own.
+        """
         start = time.perf_counter()
         version = self.version
+        buffers = out
         for t in range(self.T):
-            self._step(t)
-        arrays = {k: v.copy() for k, v in self._buffers.items()}  # type: ignore[union-attr]
-        arrays.update(self.policy.finish_fragment(arrays, self.obs))
-        fragment = Fragment(arrays, self.actor_id, self.seq, version, self.T * self.k)
+            buffers = self._step(t, buffers)
+        arrays = dict(buffers)  # type: ignore[arg-type]
+        for key, value in self.policy.finish_fragment(arrays, self.obs).items():
+            if out is not None:
+                out[key][...] = value
+            else:
+                arrays[key] = np.array(value)  # its own memory: the fragment may outlive the env's buffers
+        fragment = Fragment(out if out is not None else arrays, self.actor_id, self.seq, version, self.T * self.k)
         self.seq += 1
         self.busy_s += time.perf_counter() - start
         return fragment
@@ -71,20 +83,27 @@ class Actor:
         episodes, self.episodes = self.episodes, []
         return episodes
 
-    def _step(self, t: int) -> None:
+    def _step(self, t: int, buffers: Arrays | None) -> Arrays:
         obs = self.obs
+        if buffers is not None:  # the observation's row first: some envs reuse their output arrays
+            buffers["obs"][t] = obs
         env_action, record = self.policy.act(obs)
         next_obs, reward, terminated, truncated, _ = self.envs.step(env_action)
         done = np.logical_or(terminated, truncated)
         valid = ~self.prev_done
-        row = {"obs": obs, **record, "reward": reward, "terminated": terminated, "done": done, "valid": valid}
-        if self._buffers is None:
-            self._buffers = {k: np.zeros((self.T, *np.shape(v)), dtype=np.asarray(v).dtype) for k, v in row.items()}
+        trained = reward if self.reward_clip is None else np.clip(reward, -self.reward_clip, self.reward_clip)
+        row = {**record, "reward": np.asarray(trained, np.float32), "terminated": terminated, "done": done,
+               "valid": valid}
+        if buffers is None:  # a fragment of its own: allocate its arrays now that the rows' shapes are known
+            buffers = {"obs": np.empty((self.T, *np.shape(obs)), np.asarray(obs).dtype)}
+            buffers.update({k: np.empty((self.T, *np.shape(v)), np.asarray(v).dtype) for k, v in row.items()})
+            buffers["obs"][t] = obs
         for key, value in row.items():
-            self._buffers[key][t] = value
+            buffers[key][t] = value
         self._track_episodes(reward, done, valid)
         self.prev_done = done
         self.obs = next_obs
+        return buffers
 
     def _track_episodes(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
         self._return += np.where(valid, reward, 0.0)

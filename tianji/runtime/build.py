@@ -23,11 +23,12 @@ def actor_seed(cfg: Config, actor_id: int) -> int:
 
 def build_actor(cfg: Config, actor_id: int) -> Actor:
     torch.manual_seed(actor_seed(cfg, actor_id) + 1)
-    envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor)
+    envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor, cfg.topology.actor_threads)
     placement = Placement(actor_id, cfg.topology.actors, cfg.topology.envs_per_actor)
     policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space,
                                                  envs.single_action_space, placement)
-    return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id))
+    return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id),
+                 reward_clip=cfg.env.reward_clip)
 
 
 def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
@@ -35,7 +36,7 @@ def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
     torch.manual_seed(cfg.seed)
     obs_space, act_space = env_spaces(cfg.env)
     limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
-    algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space)
+    algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space, device=cfg.learner.device)
     learner = Learner(algo, cfg.balance.max_policy_lag, limiter, cfg.balance.backpressure)
     if state is not None:
         learner.load_state_dict(state)

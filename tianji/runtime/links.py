@@ -350,14 +350,25 @@ class LearnerLink:
 
 
 class SlotSender:
-    """Fragments to a learner on the same machine: arrays into the actor's shared-memory slot, a
-    small notice on the link (move indices, not data)."""
+    """Fragments to a learner on the same machine: the actor writes rows straight into its
+    shared-memory slot (`views`), and only a small notice travels on the link (move indices, not data)."""
 
     def __init__(self, path: Path, slots: int):
         self.writer = SlotWriter(path, slots)
+        self._lent: dict[int, Any] = {}
+
+    def views(self, slot: int) -> dict[str, Any] | None:
+        """Where to write the next fragment for `slot` (None until a first fragment fixed the layout)."""
+        views = self.writer.views(slot)
+        if views is not None:
+            self._lent[slot] = views
+        return views
 
     def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
-        header.update(self.writer.write(slot, arrays))
+        if arrays is self._lent.pop(slot, None):  # already in place
+            header.update(self.writer.header(slot))
+        else:
+            header.update(self.writer.write(slot, arrays))
         link.send(pack_header(header))
 
     def close(self) -> None:
@@ -367,6 +378,9 @@ class SlotSender:
 class FrameSender:
     """Fragments to a learner on another machine: the arrays ride as raw frames after the notice,
     sent without copies; `slot` still names the credit they use."""
+
+    def views(self, slot: int) -> None:
+        return None  # every fragment has arrays of its own, which the frames borrow until sent
 
     def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
         header["slot"] = slot

@@ -13,7 +13,7 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -134,7 +134,7 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
             learner.receive(actor)
             if can_start():
                 slot, _ = learner.credits.popleft()
-                fragment = actor.collect()
+                fragment = actor.collect(out=sender.views(slot))  # rows straight into the slot
                 sender.send(learner.link, slot, fragment.arrays, {
                     "kind": "fragment", "actor": actor_id, "seq": fragment.seq, "version": fragment.policy_version,
                     "env_steps": fragment.env_steps, "epoch": learner.epoch})
@@ -248,6 +248,8 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
 
     learner = build_learner(cfg, store.load() if run.resumed or epoch > 0 else None)
     if group is not None:
+        if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
+            group = replace(group, backend="nccl")  # gradients stay on the GPUs
         _join_learner_group(learner, cfg, group, group_store)
     reporter = LearnerReporter(learner, rank)
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")

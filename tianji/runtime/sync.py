@@ -76,8 +76,9 @@ def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> None:
 
 def _flatten(tensors: Sequence[torch.Tensor], flag: float | None = None) -> torch.Tensor:
     parts = [t.detach().reshape(-1).float() for t in tensors]
+    device = parts[0].device if parts else torch.device("cpu")
     if flag is not None:
-        parts.insert(0, torch.tensor([flag]))
+        parts.insert(0, torch.tensor([flag], device=device))
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -181,7 +182,7 @@ class ParameterAverage(NoSync):
 
     def _launch(self, tensors: Sequence[torch.Tensor], flag: float) -> None:
         self._snapshot = _flatten(tensors)
-        self._buffer = torch.cat([torch.tensor([flag]), self._snapshot])
+        self._buffer = torch.cat([torch.tensor([flag], device=self._snapshot.device), self._snapshot])
         self._work = dist.all_reduce(self._buffer, async_op=True)
 
     def _apply(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:

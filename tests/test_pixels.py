@@ -1,0 +1,120 @@
+"""Pixels end to end: networks chosen by observation, uint8 until the network's first layer, rows
+written straight into shared memory, Atari through ale-py, a pixel game that learns."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from tianji.algos.networks import NatureCNN, PolicyValueNet, choose_model
+from tianji.config import ConfigError, build_config, load_config
+from tianji.envs import make_vector_env
+from tianji.runtime.build import build_actor, build_learner
+from tianji.runtime.run import train
+from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
+
+
+def test_nature_cnn_takes_frames_first_or_last_and_gives_512_features():
+    first = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    last = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    assert NatureCNN(first)(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 512)
+    assert NatureCNN(last)(torch.zeros(2, 84, 84, 4, dtype=torch.uint8)).shape == (2, 512)
+    net = PolicyValueNet(first, gym.spaces.Discrete(6), hidden=[64], model="auto")
+    logits, value = net(torch.zeros(3, 4, 84, 84, dtype=torch.uint8))
+    assert logits.shape == (3, 6) and value.shape == (3,) and net.shared
+    assert choose_model(gym.spaces.Box(-1, 1, (4,)), "auto") == "mlp"
+    with pytest.raises(ValueError, match="algo.model 'cnn' needs image observations"):
+        choose_model(gym.spaces.Box(-1, 1, (4,)), "cnn")
+
+
+def catch_config(**algo):
+    return load_config("catch-impala", [f"algo.{k}={v}" for k, v in algo.items()])
+
+
+def test_frames_stay_uint8_until_the_learners_forward(tmp_path):
+    cfg = catch_config()
+    actor = build_actor(cfg, 0)
+    learner = build_learner(cfg)
+    seen = []
+    original = learner.algo.net.body.forward
+
+    def recording(obs):
+        seen.append(obs.dtype)
+        return original(obs)
+
+    learner.algo.net.body.forward = recording
+    first = actor.collect()
+    assert first.arrays["obs"].dtype == np.uint8 and first.arrays["last_obs"].dtype == np.uint8
+    writer = SlotWriter(pool_path("pixeltest", "actor0"), slots=1)
+    try:
+        header = writer.write(0, first.arrays)
+        views = writer.views(0)
+        second = actor.collect(out=views)  # rows written in place: the fragment *is* the slot
+        assert second.arrays is views and np.shares_memory(second.arrays["obs"], views["obs"])
+        arrays = SlotReader("tianji-pixeltest-").read(writer.header(0))
+        assert arrays["obs"].dtype == np.uint8 and np.array_equal(arrays["obs"], second.arrays["obs"])
+        assert header["fields"][0][:2] == ["obs", "|u1"]
+        learner.consume(second.__class__(arrays, 0, 1, 0, second.env_steps))
+        learner.update()
+    finally:
+        writer.close()
+        remove_pools("pixeltest")
+    assert seen and all(dtype == torch.uint8 for dtype in seen), seen
+
+
+def test_atari_needs_its_extra_and_names_the_game(monkeypatch):
+    import sys
+
+    cfg = build_config({"env": {"id": "ALE/NoSuchGame-v5"}})
+    with pytest.raises(ConfigError, match="ale-py has no game 'no_such_game'"):
+        make_vector_env(cfg.env, 1)
+    monkeypatch.setitem(sys.modules, "ale_py", None)
+    with pytest.raises(ConfigError, match=r"needs ale-py: pip install 'tianji\[atari\]'"):
+        make_vector_env(build_config({"env": {"id": "ALE/Pong-v5"}}).env, 1)
+
+
+def test_pong_impala_runs_end_to_end_with_the_real_emulator(tmp_path):
+    pytest.importorskip("ale_py")
+    cfg = load_config("pong-impala", [f"logging.run_root={tmp_path}", "logging.console=false",
+                                      "stop.target_return=null", "stop.max_env_steps=2560",
+                                      "topology.envs_per_actor=8", "topology.fragment_length=20"])
+    envs = make_vector_env(cfg.env, 2)
+    assert envs.single_observation_space.shape == (4, 84, 84) and envs.single_observation_space.dtype == np.uint8
+    envs.close()
+    run_dir, summary = train(cfg, "local")
+    assert summary["env_steps"] >= 2560 and summary["updates"] >= 1 and summary["fragments_dropped"] == 0
+    assert (run_dir / "checkpoints" / "learner.pt").exists()
+
+
+@pytest.mark.slow
+def test_impala_learns_a_pixel_game(tmp_path):
+    cfg = load_config("catch-impala", [f"logging.run_root={tmp_path}", "logging.console=false"])
+    _, summary = train(cfg, "local")
+    assert summary["target_reached"], summary
+    assert summary["return_at_target"] >= 0.8
+
+
+def test_learner_device_auto_is_the_cpu_here_and_cuda_must_exist():
+    from tianji.algos.base import resolve_device
+
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="learner.device is 'cuda' but torch sees no CUDA device"):
+            resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("preset", ["catch-impala", "cartpole-ppo", "cartpole-dqn"])
+def test_a_cuda_learner_trains_on_cpu_actors_data(preset):
+    cfg = load_config(preset, ["learner.device=cuda", "algo.learning_starts=0"] if "dqn" in preset
+                      else ["learner.device=cuda"])
+    actor, learner = build_actor(cfg, 0), build_learner(cfg)
+    assert next(learner.algo.net.parameters()).is_cuda
+    while not learner.ready():
+        learner.consume(actor.collect())
+    learner.update()
+    weights = learner.weights()
+    assert all(isinstance(w, np.ndarray) for w in weights.values())
+    actor.set_weights(learner.version, weights)
