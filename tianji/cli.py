@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw a run's learning curves into RUN_DIR/curve.png (needs matplotlib)")
     plot.add_argument("run_dir", help="a run directory")
 
+    evaluate = sub.add_parser("eval", help="play greedy episodes with a run's last checkpoint; print the score")
+    evaluate.add_argument("run_dir", help="a run directory")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    evaluate.add_argument("--video", metavar="FILE", help="record the first episode as .mp4 or .gif")
+
     sub.add_parser("presets", help="list the bundled presets")
     return parser
 
@@ -81,6 +86,18 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"chosen: --set topology.learners={chosen.learners} --set topology.actors={chosen.actors} "
           f"--set topology.envs_per_actor={chosen.envs_per_actor} --set topology.fragment_length={chosen.fragment_length}"
           "   (or topology.learners/actors: auto in the config)")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from tianji.evaluate import evaluate_run
+
+    result = evaluate_run(Path(args.run_dir), args.episodes, Path(args.video) if args.video else None)
+    print(f"{args.run_dir}: policy version {result['policy_version']}, {result['episodes']} greedy episodes: "
+          f"mean {result['mean']:.2f} +- {result['std']:.2f}, min {result['min']:.2f}, max {result['max']:.2f} "
+          f"(mean length {result['length_mean']:.0f})")
+    if "video" in result:
+        print(f"video of the first episode: {result['video']}")
     return 0
 
 
@@ -133,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "plot":
             from tianji.plot import plot_run
 

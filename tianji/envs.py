@@ -127,23 +127,25 @@ def check_env(cfg: EnvConfig) -> None:
         registered_spec(cfg.id)
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1) -> gym.vector.VectorEnv:
+def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: bool = False) -> gym.vector.VectorEnv:
     """`num_envs` copies stepped together; a native vectorized implementation when the env has one
     (Atari: ale-py's, with `threads` threads).
 
     Every vector env here resets a finished sub-env on the *next* step (Gymnasium's
     default), which is the convention the actor's recording relies on.
     """
+    render_kwargs = {"render_mode": "rgb_array"} if render else {}  # `render`: frames for a video
     if is_atari(cfg):
         envs = make_atari(cfg, num_envs, threads)
     elif cfg.entry_point is not None:
         factory = env_factory(cfg.entry_point)
-        envs = gym.vector.SyncVectorEnv([partial(_make_from_factory, factory, cfg.kwargs, cfg.entry_point)] * num_envs)
+        kwargs = {**cfg.kwargs, **render_kwargs}
+        envs = gym.vector.SyncVectorEnv([partial(_make_from_factory, factory, kwargs, cfg.entry_point)] * num_envs)
     else:
         spec = registered_spec(cfg.id)
-        mode = "vector_entry_point" if spec.vector_entry_point is not None and not cfg.kwargs else "sync"
+        mode = "vector_entry_point" if spec.vector_entry_point is not None and not cfg.kwargs and not render else "sync"
         try:
-            envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **cfg.kwargs)
+            envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **cfg.kwargs, **render_kwargs)
         except TypeError as exc:  # an unexpected keyword argument
             raise ConfigError(f"env.kwargs: {spec.id} does not take {cfg.kwargs} ({exc})") from None
     autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -41,19 +41,29 @@ class Evaluator:
     def evaluate(self) -> dict[str, Any]:
         """One episode per env of the vector env, each counted until its first end."""
         start = time.perf_counter()
-        n = self.envs.num_envs
-        obs, _ = self.envs.reset(seed=self.seed + max(self.version, 0))
-        returns = np.zeros(n)
-        lengths = np.zeros(n, dtype=np.int64)
-        running = np.ones(n, dtype=bool)
-        for _ in range(MAX_EVAL_STEPS):
-            obs, reward, terminated, truncated, _ = self.envs.step(self.policy.greedy(obs))
-            returns += np.where(running, reward, 0.0)
-            lengths += running
-            running &= ~(terminated | truncated)
-            if not running.any():
-                break
+        returns, lengths = play_greedy(self.envs, self.policy, self.seed + max(self.version, 0))
         self.evaluated_version = self.version
         self.busy_s += time.perf_counter() - start
         return {"kind": "eval", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-                "length_mean": float(lengths.mean()), "version": self.version, "episodes": n}
+                "length_mean": float(lengths.mean()), "version": self.version, "episodes": len(returns)}
+
+
+def play_greedy(envs: Any, policy: ActorPolicy, seed: int,
+                on_step: Callable[[np.ndarray, np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy actions until every env of `envs` has ended one episode; returns (returns, lengths) of
+    those first episodes. `on_step(obs, running)` sees every observation (for videos)."""
+    n = envs.num_envs
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(n)
+    lengths = np.zeros(n, dtype=np.int64)
+    running = np.ones(n, dtype=bool)
+    for _ in range(MAX_EVAL_STEPS):
+        if on_step is not None:
+            on_step(obs, running)
+        obs, reward, terminated, truncated, _ = envs.step(policy.greedy(obs))
+        returns += np.where(running, reward, 0.0)
+        lengths += running
+        running &= ~(terminated | truncated)
+        if not running.any():
+            break
+    return returns, lengths

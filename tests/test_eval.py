@@ -1,0 +1,45 @@
+"""`tianji eval RUN_DIR`: greedy episodes with the last checkpoint, the score, a video."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tianji.checkpoint import CheckpointError
+from tianji.evaluate import evaluate_run
+from tianji.runtime.run import train
+
+
+def test_eval_plays_greedy_episodes_prints_the_score_and_records_a_video(tiny_config, tmp_path):
+    pytest.importorskip("imageio")
+    pytest.importorskip("pygame")
+    run_dir, _ = train(tiny_config(max_env_steps=2048), "inline", run_dir=str(tmp_path / "run"))
+    video = tmp_path / "episode.gif"
+    result = subprocess.run([sys.executable, "-m", "tianji", "eval", str(run_dir), "--episodes", "3",
+                             "--video", str(video)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "3 greedy episodes: mean" in result.stdout and "min" in result.stdout and "max" in result.stdout
+    assert video.stat().st_size > 1000
+    scores = evaluate_run(run_dir, episodes=3)
+    assert len(scores["returns"]) == 3 and scores["min"] <= scores["mean"] <= scores["max"]
+
+
+def test_eval_of_an_image_env_writes_an_mp4_from_what_the_agent_sees(tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
+    from tianji.config import load_config
+
+    cfg = load_config("catch-impala", [f"logging.run_root={tmp_path}", "logging.console=false",
+                                       "stop.target_return=null", "stop.max_env_steps=640"])
+    run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
+    result = evaluate_run(run_dir, episodes=2, video=tmp_path / "catch.mp4")
+    assert (tmp_path / "catch.mp4").stat().st_size > 0 and result["episodes"] == 2
+
+
+def test_eval_without_a_checkpoint_says_so(tmp_path, tiny_config):
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("name: x\n")
+    with pytest.raises(CheckpointError, match="no checkpoints/learner.pt yet"):
+        evaluate_run(run_dir)

@@ -1,0 +1,101 @@
+"""`tianji eval RUN_DIR`: play greedy episodes with a run's last checkpoint, print the score, and
+optionally record the first episode as a video (MP4 or GIF).
+
+    result = evaluate_run(Path("runs/pong-impala-..."), episodes=10, video=Path("pong.mp4"))
+    # {"episodes": 10, "mean": ..., "std": ..., "min": ..., "max": ..., "returns": [...], "video": ...}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from tianji.algos import get_algo
+from tianji.algos.base import Placement
+from tianji.checkpoint import CheckpointError, load_learner
+from tianji.config import Config, ConfigError
+from tianji.envs import make_vector_env
+from tianji.runtime.evaluator import play_greedy
+from tianji.runtime.run import load_run_config
+
+VIDEO_FPS = 30
+
+
+def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, seed: int = 12345) -> dict[str, Any]:
+    if episodes < 1:
+        raise ConfigError("--episodes: expected at least 1")
+    cfg = load_run_config(run_dir)
+    state = load_learner(run_dir / "checkpoints")
+    if state is None:
+        raise CheckpointError(f"{run_dir}: no checkpoints/learner.pt yet; train first")
+    envs = make_vector_env(cfg.env, episodes, render=video is not None)
+    try:
+        policy = _policy(cfg, envs, state)
+        frames: list[np.ndarray] = []
+        recorder = _recorder(envs, frames) if video is not None else None
+        returns, lengths = play_greedy(envs, policy, seed, recorder)
+    finally:
+        envs.close()
+    result = {"run_dir": str(run_dir), "policy_version": int(state["version"]), "episodes": episodes,
+              "mean": float(returns.mean()), "std": float(returns.std()), "min": float(returns.min()),
+              "max": float(returns.max()), "length_mean": float(lengths.mean()),
+              "returns": [float(r) for r in returns]}
+    if video is not None:
+        result["video"] = str(write_video(frames, video))
+    return result
+
+
+def _policy(cfg: Config, envs: Any, state: dict[str, Any]) -> Any:
+    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space,
+                                                 Placement())
+    policy.load_weights({name: tensor.cpu().numpy() for name, tensor in state["algo"]["net"].items()})
+    return policy
+
+
+def _recorder(envs: Any, frames: list[np.ndarray]):
+    """Frames of the first env while its first episode runs: what the env renders (rgb_array), or,
+    for envs that cannot render (Atari's native vector env), the newest frame the agent sees."""
+    def record(obs: np.ndarray, running: np.ndarray) -> None:
+        if not running[0]:
+            return
+        try:
+            rendered = envs.render() if getattr(envs, "render_mode", None) == "rgb_array" else None
+        except gym.error.DependencyNotInstalled as exc:
+            raise ConfigError(f"--video: the env cannot render without an extra package: {exc}") from None
+        frames.append(np.asarray(rendered[0]) if rendered is not None else _frame_of(obs[0]))
+    return record
+
+
+def _frame_of(observation: np.ndarray) -> np.ndarray:
+    """An image observation as an RGB frame (the last stacked frame, scaled up 4x)."""
+    if observation.ndim != 3:
+        raise ConfigError("--video: this env neither renders rgb_array frames nor observes images")
+    frame = observation[-1] if observation.shape[0] < observation.shape[-1] else observation[..., -1]
+    frame = np.kron(frame.astype(np.uint8), np.ones((4, 4), np.uint8))
+    return np.repeat(frame[..., None], 3, axis=2)
+
+
+def write_video(frames: list[np.ndarray], path: Path) -> Path:
+    """MP4 (ffmpeg from the imageio-ffmpeg wheel) or GIF, chosen by the file's suffix."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError:
+        raise ConfigError("--video needs imageio: pip install 'tianji[video]'") from None
+    if path.suffix.lower() not in (".mp4", ".gif"):
+        raise ConfigError(f"--video {path}: expected a .mp4 or .gif file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames = [_even(f) for f in frames]
+    if path.suffix.lower() == ".gif":
+        imageio.mimsave(path, frames, duration=1000 / VIDEO_FPS, loop=0)
+    else:
+        imageio.mimsave(path, frames, fps=VIDEO_FPS, macro_block_size=1)
+    return path
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """H.264 wants even sides."""
+    h, w = frame.shape[:2]
+    return np.ascontiguousarray(frame[: h - h % 2, : w - w % 2])
