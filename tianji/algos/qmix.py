@@ -1,0 +1,324 @@
+"""QMIX (Rashid et al., 2018) for cooperative multi-agent envs (tianji.multiagent): one recurrent agent
+network shared by all agents (its observation, its last action and its id in, a GRU, Q-values out),
+and a monotonic mixing network whose weights come from hypernetworks of the global state.
+
+Learning needs sequences: every fragment is stored as k sequences of T steps (one per env) with the
+agent network's hidden state at their start; the learner samples batches of them, unrolls the
+agent network from that state (resetting it where an episode starts), and regresses Q_tot on
+TD(lambda) targets of a target network, double-Q style. Unavailable actions are masked when acting
+and in the targets. The pure pieces (`Mixer`, `td_lambda_targets`, `masked_argmax`) are tested
+against references.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
+from tianji.config import QMIXConfig
+from tianji.optim import Adam
+
+NEG = -1e9  # the value of an unavailable action
+
+
+# ------------------------------------------------------------------ pure pieces
+
+
+def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
+    if not (isinstance(obs_space, gym.spaces.Dict) and {"obs", "state", "avail_actions"} <= set(obs_space.spaces)):
+        raise ValueError(f"QMIX needs a multi-agent env (smax:MAP or pettingzoo:MODULE), got observations {obs_space}")
+    if not isinstance(act_space, gym.spaces.MultiDiscrete):
+        raise ValueError(f"QMIX needs one discrete action per agent, got {act_space}")
+
+
+def masked_argmax(q: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """Greedy action among the available ones (`avail` bool, same shape as `q`)."""
+    return q.masked_fill(~avail, NEG).argmax(dim=-1)
+
+
+def td_lambda_targets(rewards: torch.Tensor, target_q: torch.Tensor, bootstrap_q: torch.Tensor,
+                      dones: torch.Tensor, terminated: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """TD(lambda) returns of one team, arrays shaped [T, B]; `target_q[t]` = Q_tot_target of the state
+    reached at step t (row t + 1's), `bootstrap_q` that of the state after the sequence.
+
+    G_t = r_t + gamma * (1 - term_t) * ((1 - lam) Q_{t+1} + lam G_{t+1}); at a done step the
+    recursion stops (a truncated episode bootstraps from Q_{t+1}, the value of its final state)."""
+    T = rewards.shape[0]
+    returns = torch.zeros_like(rewards)
+    running = bootstrap_q
+    not_term = 1.0 - terminated.to(rewards.dtype)
+    for t in reversed(range(T)):
+        next_q = target_q[t]
+        blended = torch.where(dones[t].bool(), next_q, (1 - lam) * next_q + lam * running)
+        running = rewards[t] + gamma * not_term[t] * blended
+        returns[t] = running
+    return returns
+
+
+class AgentRNN(nn.Module):
+    """Q-values of one agent from its observation, its last action and its id, with a GRU memory."""
+
+    def __init__(self, obs_dim: int, n_agents: int, n_actions: int, hidden: int):
+        super().__init__()
+        self.n_agents, self.n_actions, self.hidden = n_agents, n_actions, hidden
+        self.fc = nn.Linear(obs_dim + n_actions + n_agents, hidden)
+        self.gru = nn.GRUCell(hidden, hidden)
+        self.q = nn.Linear(hidden, n_actions)
+
+    def inputs(self, obs: torch.Tensor, last_action: torch.Tensor) -> torch.Tensor:
+        """[B, n, obs] and [B, n] last actions (-1: none) -> [B, n, obs + A + n]."""
+        batch = obs.shape[0]
+        last = nn.functional.one_hot(last_action.clamp(min=0).long(), self.n_actions).float()
+        last = last * (last_action >= 0).unsqueeze(-1).float()
+        ids = torch.eye(self.n_agents, device=obs.device).expand(batch, -1, -1)
+        return torch.cat([obs.float(), last, ids], dim=-1)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, n, in], h [B, n, H] -> Q [B, n, A], new h."""
+        batch, n = x.shape[:2]
+        h = self.gru(torch.relu(self.fc(x.reshape(batch * n, -1))), h.reshape(batch * n, -1))
+        return self.q(h).reshape(batch, n, -1), h.reshape(batch, n, -1)
+
+
+class Mixer(nn.Module):
+    """Q_tot(q_1..q_n, s), monotonic in every q_i: the hypernetworks' weights pass through |.|."""
+
+    def __init__(self, n_agents: int, state_dim: int, embed: int = 32, hyper: int = 64):
+        super().__init__()
+        self.n_agents, self.embed = n_agents, embed
+        self.w1 = nn.Sequential(nn.Linear(state_dim, hyper), nn.ReLU(), nn.Linear(hyper, n_agents * embed))
+        self.b1 = nn.Linear(state_dim, embed)
+        self.w2 = nn.Sequential(nn.Linear(state_dim, hyper), nn.ReLU(), nn.Linear(hyper, embed))
+        self.v = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+
+    def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """q [B, n], state [B, s] -> Q_tot [B]."""
+        w1 = self.w1(state).abs().view(-1, self.n_agents, self.embed)
+        hidden = nn.functional.elu(torch.bmm(q.unsqueeze(1), w1).squeeze(1) + self.b1(state))
+        w2 = self.w2(state).abs()
+        return (hidden * w2).sum(-1) + self.v(state).squeeze(-1)
+
+
+def _sizes(obs_space: gym.Space, act_space: gym.Space) -> tuple[int, int, int, int]:
+    n, obs_dim = obs_space["obs"].shape
+    return n, obs_dim, int(act_space.nvec[0]), obs_space["state"].shape[0]
+
+
+# ------------------------------------------------------------------ actor side
+
+
+class QMIXPolicy:
+    """Epsilon-greedy over available actions with the agent network; keeps each env's hidden state
+    and last actions across fragments, and records what the learner needs to replay them."""
+
+    def __init__(self, cfg: QMIXConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
+        check_spaces(obs_space, act_space)
+        self.cfg = cfg
+        n, obs_dim, self.n_actions, _ = _sizes(obs_space, act_space)
+        self.net = AgentRNN(obs_dim, n, self.n_actions, cfg.rnn_hidden)
+        self.net.requires_grad_(False)
+        self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
+        self.steps = 0
+        self.h: torch.Tensor | None = None
+        self.last_action: np.ndarray | None = None
+        self.h0: np.ndarray | None = None  # at the start of the fragment being collected
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        load_module_weights(self.net, weights)
+
+    def epsilon(self) -> float:
+        c = self.cfg
+        frac = min(1.0, self.steps / c.epsilon_decay_steps)
+        return c.epsilon_start + frac * (c.epsilon - c.epsilon_start)
+
+    @torch.no_grad()
+    def _q(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        k, n = obs["obs"].shape[:2]
+        if self.h is None:
+            self.h = torch.zeros(k, n, self.net.hidden)
+            self.last_action = np.full((k, n), -1, np.int64)
+        first = obs["first"].reshape(k).astype(bool)
+        self.h[torch.from_numpy(first)] = 0.0  # a new episode: no memory, no last action
+        self.last_action[first] = -1
+        if self.h0 is None:
+            self.h0 = self.h.numpy().copy()
+        x = self.net.inputs(torch.from_numpy(obs["obs"]), torch.from_numpy(self.last_action))
+        q, self.h = self.net(x, self.h)
+        return q.numpy()
+
+    def act(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, Arrays]:
+        last = None if self.last_action is None else self.last_action.copy()
+        q = self._q(obs)
+        avail = obs["avail_actions"].astype(bool)
+        greedy = np.where(avail, q, NEG).argmax(-1)
+        random = _random_available(avail, self.rng)
+        explore = self.rng.random(greedy.shape) < self.epsilon()
+        action = np.where(explore, random, greedy)
+        recorded_last = np.where(obs["first"].reshape(-1, 1), -1, last if last is not None else -1)
+        self.last_action = action
+        self.steps += action.shape[0]
+        return action, {"action": action, "last_action": recorded_last.astype(np.int64)}
+
+    def greedy(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        q = self._q(obs)
+        action = np.where(obs["avail_actions"].astype(bool), q, NEG).argmax(-1)
+        self.last_action = action
+        return action
+
+    def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
+        h0, self.h0 = self.h0, self.h.numpy().copy()  # the next fragment starts where this one ended
+        return {"h0": h0, **{f"next_{key}": np.asarray(value) for key, value in last_obs.items()},
+                "next_last_action": self.last_action.copy()}
+
+
+def _random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random available action per agent (avail [..., A] bool, at least one True)."""
+    scores = rng.random(avail.shape) * avail
+    return scores.argmax(-1)
+
+
+# ------------------------------------------------------------------ learner side
+
+
+class SequenceReplay:
+    """Fixed-length sequences (a fragment's column per env) in a ring buffer, sampled uniformly."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.data: dict[str, np.ndarray] = {}
+        self.cursor = self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, fragment: Mapping[str, np.ndarray], time_major: set[str]) -> None:
+        """Store the k sequences of a fragment: keys in `time_major` are [T, k, ...], the rest [k, ...]."""
+        k = fragment["reward"].shape[1]
+        columns = {key: (np.swapaxes(v, 0, 1) if key in time_major else v) for key, v in fragment.items()}
+        if not self.data:
+            self.data = {key: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for key, v in columns.items()}
+        idx = (self.cursor + np.arange(k)) % self.capacity
+        for key, value in columns.items():
+            self.data[key][idx] = value
+        self.cursor = int((self.cursor + k) % self.capacity)
+        self.count = min(self.capacity, self.count + k)
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        idx = rng.integers(0, self.count, batch)
+        return {key: values[idx] for key, values in self.data.items()}
+
+
+TIME_MAJOR = {"obs", "state", "avail_actions", "active", "first", "action", "last_action", "reward", "terminated",
+              "done", "valid", "won"}
+
+
+class QMIXLearner:
+    def __init__(self, cfg: QMIXConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
+        check_spaces(obs_space, act_space)
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        n, obs_dim, n_actions, state_dim = _sizes(obs_space, act_space)
+        self.agent = AgentRNN(obs_dim, n, n_actions, cfg.rnn_hidden).to(self.device)
+        self.mixer = Mixer(n, state_dim, cfg.mixer_embed).to(self.device)
+        self.target_agent = AgentRNN(obs_dim, n, n_actions, cfg.rnn_hidden).to(self.device)
+        self.target_mixer = Mixer(n, state_dim, cfg.mixer_embed).to(self.device)
+        self._sync_targets()
+        self.optimizer = Adam([*self.agent.parameters(), *self.mixer.parameters()], lr=cfg.lr)
+        self.sync = NO_HOOK
+        self.replay = SequenceReplay(cfg.buffer_sequences)
+        self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
+        self.updates = 0
+        self._steps_per_sequence = 1
+
+    def _sync_targets(self) -> None:
+        self.target_agent.load_state_dict(self.agent.state_dict())
+        self.target_mixer.load_state_dict(self.mixer.state_dict())
+
+    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
+        self._steps_per_sequence = fragment["reward"].shape[0]
+        self.replay.add(fragment, TIME_MAJOR)
+
+    def wants_data(self) -> bool:
+        return True  # the runtime's rate limiter balances insertion against training
+
+    def ready(self) -> bool:
+        return len(self.replay) >= max(self.cfg.learning_starts_sequences, self.cfg.batch_sequences)
+
+    def samples_per_update(self) -> int:
+        return self.cfg.batch_sequences * self._steps_per_sequence
+
+    def _unroll(self, net: AgentRNN, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Q [T + 1, B, n, A]: the agent network over each sequence and the step after it, from the
+        stored hidden state, reset where an episode starts."""
+        obs = torch.cat([b["obs"], b["next_obs"].unsqueeze(1)], dim=1)  # [B, T + 1, n, d]
+        last = torch.cat([b["last_action"], b["next_last_action"].unsqueeze(1)], dim=1)
+        first = torch.cat([b["first"], b["next_first"].unsqueeze(1)], dim=1).reshape(obs.shape[0], obs.shape[1])
+        h = b["h0"].float()
+        qs = []
+        for t in range(obs.shape[1]):
+            h = h * (~first[:, t].bool()).float().view(-1, 1, 1)
+            q, h = net(net.inputs(obs[:, t], last[:, t]), h)
+            qs.append(q)
+        return torch.stack(qs)
+
+    def update(self) -> dict[str, float]:
+        c = self.cfg
+        b = {k: to_device(v, self.device) for k, v in self.replay.sample(c.batch_sequences, self.rng).items()}
+        q = self._unroll(self.agent, b)  # [T + 1, B, n, A]
+        with torch.no_grad():
+            q_target = self._unroll(self.target_agent, b)
+        T = b["reward"].shape[1]
+        actions = b["action"].transpose(0, 1).long()  # [T, B, n]
+        chosen = q[:T].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        states = b["state"].transpose(0, 1)  # [T, B, s]
+        next_states = torch.cat([states[1:], b["next_state"].unsqueeze(0)])
+        avail = torch.cat([b["avail_actions"].transpose(0, 1), b["next_avail_actions"].unsqueeze(0)]).bool()
+        q_tot = self.mixer(chosen.reshape(-1, chosen.shape[-1]), states.reshape(-1, states.shape[-1])).view(T, -1)
+        with torch.no_grad():
+            best = masked_argmax(q[1:].detach(), avail[1:])  # double Q: the online net chooses
+            next_q = q_target[1:].gather(-1, best.unsqueeze(-1)).squeeze(-1)  # [T, B, n]
+            next_q_tot = self.target_mixer(next_q.reshape(-1, next_q.shape[-1]),
+                                           next_states.reshape(-1, next_states.shape[-1])).view(T, -1)
+            targets = td_lambda_targets(b["reward"].transpose(0, 1).float(), next_q_tot, next_q_tot[-1],
+                                        b["done"].transpose(0, 1), b["terminated"].transpose(0, 1), c.gamma,
+                                        c.td_lambda)
+        valid = b["valid"].transpose(0, 1).float()
+        td = (q_tot - targets) * valid
+        loss = td.pow(2).sum() / valid.sum().clamp(min=1.0)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.sync.gradients(self.optimizer.params)
+        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.params, c.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % c.target_update_interval == 0:
+            self._sync_targets()
+        return {"loss": float(loss), "q_tot_mean": float((q_tot * valid).sum() / valid.sum().clamp(min=1.0)),
+                "grad_norm": float(grad_norm), "replay_sequences": float(len(self.replay))}
+
+    def weights(self) -> Arrays:
+        return module_weights(self.agent)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.optimizer.params
+
+    def optimizer_moments(self) -> list[torch.Tensor]:
+        return self.optimizer.moments()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.agent.state_dict(), "mixer": self.mixer.state_dict(),
+                "target_agent": self.target_agent.state_dict(), "target_mixer": self.target_mixer.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.agent.load_state_dict(state["net"])
+        self.mixer.load_state_dict(state["mixer"])
+        self.target_agent.load_state_dict(state["target_agent"])
+        self.target_mixer.load_state_dict(state["target_mixer"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
