@@ -95,7 +95,8 @@ def _eval(args: argparse.Namespace) -> int:
     result = evaluate_run(Path(args.run_dir), args.episodes, Path(args.video) if args.video else None)
     print(f"{args.run_dir}: policy version {result['policy_version']}, {result['episodes']} greedy episodes: "
           f"mean {result['mean']:.2f} +- {result['std']:.2f}, min {result['min']:.2f}, max {result['max']:.2f} "
-          f"(mean length {result['length_mean']:.0f})")
+          f"(mean length {result['length_mean']:.0f})"
+          + (f", win rate {result['win_rate']:.0%}" if "win_rate" in result else ""))
     if "video" in result:
         print(f"video of the first episode: {result['video']}")
     return 0

@@ -30,7 +30,9 @@ DEFAULT_ENV_ID = "CartPole-v1"
 class EnvConfig(_Section):
     id: str | None = Field(
         None, description="Gymnasium environment id (CartPole-v1), or 'module:EnvId' for your own environment: the "
-        "module is imported first (in every process) so that its gymnasium.register calls run. "
+        "module is imported first (in every process) so that its gymnasium.register calls run; 'ALE/Pong-v5' "
+        "for Atari; 'smax:3m' (any SMAX map) or 'pettingzoo:mpe2.simple_spread_v3' (a PettingZoo parallel env "
+        "module) for cooperative multi-agent training. "
         f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.")
     entry_point: str | None = Field(
         None, description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
@@ -130,7 +132,45 @@ class IMPALAConfig(_Section):
         "`hidden` layers otherwise.")
 
 
-AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig], Field(discriminator="name")]
+class QMIXConfig(_Section):
+    name: Literal["qmix"] = Field("qmix", description="Algorithm: QMIX, value decomposition for cooperative "
+                                  "multi-agent envs (recurrent agents, monotonic mixer; off-policy).")
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")
+    rnn_hidden: int = Field(64, ge=1, description="Width of the agent network's GRU.")
+    mixer_embed: int = Field(32, ge=1, description="Width of the mixing network.")
+    batch_sequences: int = Field(32, ge=1, description="Sequences (one env's fragment each) per gradient step.")
+    buffer_sequences: int = Field(5000, ge=1, description="Replay capacity in sequences.")
+    learning_starts_sequences: int = Field(64, ge=0, description="Sequences in replay before training starts.")
+    target_update_interval: int = Field(200, ge=1, description="Updates between copies into the target networks.")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="Exploration: starting epsilon.")
+    epsilon: float = Field(0.05, ge=0, le=1, description="Exploration: final epsilon.")
+    epsilon_decay_steps: int = Field(50_000, ge=1, description="Env steps (per actor) over which epsilon anneals.")
+
+
+class MAPPOConfig(_Section):
+    name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
+                                   "multi-agent envs with a centralised value (IPPO with centralised_value false).")
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(5, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and "
+                              "value MLPs.")
+    centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
+                                    "own observation (IPPO).")
+
+
+AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig, QMIXConfig, MAPPOConfig], Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):
@@ -182,9 +222,10 @@ class BalanceConfig(_Section):
 
 class StopConfig(_Section):
     target_return: float | None = Field(None, description="Stop when target_metric reaches this return.")
-    target_metric: Literal["train", "eval"] = Field(
+    target_metric: Literal["train", "eval", "eval_win_rate"] = Field(
         "train", description="train: mean return of the last 100 training episodes; eval: mean greedy return of "
-        "one evaluation round (needs eval.interval_s).")
+        "one evaluation round; eval_win_rate: the share of won episodes in one greedy round (SMAX; target_return "
+        "is then a rate in [0, 1]); both need eval.interval_s.")
     max_env_steps: int | None = Field(None, ge=1, description="Stop after this many env steps in total.")
     max_wall_time_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
 
@@ -260,8 +301,9 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _eval_target_needs_eval(self) -> "Config":
-        if self.stop.target_metric == "eval" and self.stop.target_return is not None and self.eval.interval_s is None:
-            raise ValueError("stop.target_metric is 'eval' but eval.interval_s is null; set eval.interval_s")
+        if self.stop.target_metric != "train" and self.stop.target_return is not None and self.eval.interval_s is None:
+            raise ValueError(f"stop.target_metric is {self.stop.target_metric!r} but eval.interval_s is null; "
+                             "set eval.interval_s")
         t = self.topology
         if isinstance(t.learners, int) and isinstance(t.actors, int) and t.learners > t.actors:
             raise ValueError(f"topology.learners is {t.learners} but there are {t.actors} actors; every learner "

@@ -6,6 +6,8 @@ Three ways to name an environment in `env`:
     id: ALE/Pong-v5                        # any Atari game, through ale-py's native vector env
     id: "myenvs:GridWalk-v0"               # import `myenvs` first (its gymnasium.register calls run)
     entry_point: "myenvs:GridWalk"         # a class or function returning a gymnasium.Env, with env.kwargs
+    id: smax:3m                            # cooperative multi-agent: SMAX maps, PettingZoo parallel envs
+    id: pettingzoo:mpe2.simple_spread_v3   #   (tianji.multiagent)
 
 Every process that builds envs resolves the config itself (importing the module), so roles
 started fresh rather than forked, or on other machines, find the user's environment too.
@@ -22,6 +24,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from tianji.config import ConfigError, EnvConfig
+from tianji.multiagent import is_multiagent, make_multiagent, multiagent_spaces
 
 
 def _import_module(module: str, field: str) -> Any:
@@ -123,6 +126,8 @@ def check_env(cfg: EnvConfig) -> None:
     """Resolve the env config (imports included) without building an env; raises ConfigError."""
     if cfg.entry_point is not None:
         env_factory(cfg.entry_point)
+    elif is_multiagent(cfg):
+        multiagent_spaces(cfg)
     elif not is_atari(cfg):
         registered_spec(cfg.id)
 
@@ -137,6 +142,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: boo
     render_kwargs = {"render_mode": "rgb_array"} if render else {}  # `render`: frames for a video
     if is_atari(cfg):
         envs = make_atari(cfg, num_envs, threads)
+    elif is_multiagent(cfg):
+        envs = make_multiagent(cfg, num_envs)
     elif cfg.entry_point is not None:
         factory = env_factory(cfg.entry_point)
         kwargs = {**cfg.kwargs, **render_kwargs}
@@ -156,6 +163,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: boo
 
 def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
     """Single-env observation and action spaces."""
+    if is_multiagent(cfg):
+        return multiagent_spaces(cfg)  # without importing JAX into this process
     envs = make_vector_env(cfg, 1)
     try:
         return envs.single_observation_space, envs.single_action_space

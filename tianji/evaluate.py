@@ -36,13 +36,16 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
         policy = _policy(cfg, envs, state)
         frames: list[np.ndarray] = []
         recorder = _recorder(envs, frames) if video is not None else None
-        returns, lengths = play_greedy(envs, policy, seed, recorder)
+        played = play_greedy(envs, policy, seed, recorder)
     finally:
         envs.close()
+    returns = played.returns
     result = {"run_dir": str(run_dir), "policy_version": int(state["version"]), "episodes": episodes,
               "mean": float(returns.mean()), "std": float(returns.std()), "min": float(returns.min()),
-              "max": float(returns.max()), "length_mean": float(lengths.mean()),
+              "max": float(returns.max()), "length_mean": float(played.lengths.mean()),
               "returns": [float(r) for r in returns]}
+    if played.won is not None:
+        result["win_rate"] = float(played.won.mean())
     if video is not None:
         result["video"] = str(write_video(frames, video))
     return result
@@ -65,13 +68,14 @@ def _recorder(envs: Any, frames: list[np.ndarray]):
             rendered = envs.render() if getattr(envs, "render_mode", None) == "rgb_array" else None
         except gym.error.DependencyNotInstalled as exc:
             raise ConfigError(f"--video: the env cannot render without an extra package: {exc}") from None
-        frames.append(np.asarray(rendered[0]) if rendered is not None else _frame_of(obs[0]))
+        first = None if isinstance(obs, dict) else obs[0]
+        frames.append(np.asarray(rendered[0]) if rendered is not None else _frame_of(first))
     return record
 
 
-def _frame_of(observation: np.ndarray) -> np.ndarray:
+def _frame_of(observation: Any) -> np.ndarray:
     """An image observation as an RGB frame (the last stacked frame, scaled up 4x)."""
-    if observation.ndim != 3:
+    if not isinstance(observation, np.ndarray) or observation.ndim != 3:
         raise ConfigError("--video: this env neither renders rgb_array frames nor observes images")
     frame = observation[-1] if observation.shape[0] < observation.shape[-1] else observation[..., -1]
     frame = np.kron(frame.astype(np.uint8), np.ones((4, 4), np.uint8))

@@ -39,6 +39,7 @@ class Monitor:
         self.episodes = int(r.get("episodes", 0))
         self.returns: deque[float] = deque(r.get("returns", []), maxlen=WINDOW)
         self.lengths: deque[int] = deque(r.get("lengths", []), maxlen=WINDOW)
+        self.wins: deque[bool] = deque(r.get("wins", []), maxlen=WINDOW)  # envs that report wins (SMAX)
         self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})  # trained
         self.dropped_lag_hist: Counter = Counter({int(k): v for k, v in r.get("dropped_lag_hist", {}).items()})
         self.totals: Counter = Counter(r.get("totals", {}))
@@ -59,6 +60,7 @@ class Monitor:
                                                     for k in range(self.learners)}
         self._per_learner_window: dict[int, list[int]] = {k: [] for k in range(self.learners)}
         self.eval_return: float | None = r.get("eval_return")
+        self.eval_win_rate: float | None = r.get("eval_win_rate")
         self.eval_length = float("nan")
         self.eval_version = -1
         self.replay_ratio = float("nan")
@@ -90,9 +92,11 @@ class Monitor:
         self.totals["actor_wait_s"] += float(e.get("wait_s", 0.0))
         self.totals["fragments_sent"] += int(e.get("fragments", 0))
         self.totals["bad_messages"] += int(e.get("bad_messages", 0))
-        for ret, length in e.get("episodes", []):
-            self.returns.append(float(ret))
-            self.lengths.append(int(length))
+        for episode in e.get("episodes", []):
+            self.returns.append(float(episode[0]))
+            self.lengths.append(int(episode[1]))
+            if len(episode) > 2:  # (return, length, won)
+                self.wins.append(bool(episode[2]))
             self.episodes += 1
             self._check_target()
 
@@ -126,6 +130,8 @@ class Monitor:
         self.eval_return = float(e["return_mean"])
         self.eval_length = float(e.get("length_mean", float("nan")))
         self.eval_version = int(e.get("version", -1))
+        if "win_rate" in e:
+            self.eval_win_rate = float(e["win_rate"])
         self.totals["eval_rounds"] += 1
         self._check_target()
 
@@ -136,6 +142,8 @@ class Monitor:
         """The number the target is compared with: training mean100 or the latest greedy evaluation."""
         if self.cfg.stop.target_metric == "eval":
             return self.eval_return
+        if self.cfg.stop.target_metric == "eval_win_rate":
+            return self.eval_win_rate
         return self.return_mean() if len(self.returns) >= WINDOW else None
 
     def _check_target(self) -> None:
@@ -204,6 +212,8 @@ class Monitor:
             "eval/return_mean": self.eval_return if self.eval_return is not None else float("nan"),
             "eval/length_mean": self.eval_length,
             "eval/policy_version": self.eval_version,
+            "env/win_rate100": sum(self.wins) / len(self.wins) if self.wins else float("nan"),
+            "eval/win_rate": self.eval_win_rate if self.eval_win_rate is not None else float("nan"),
             "balance/bad_messages": self.totals["bad_messages"],
         }
         if self.learners > 1:
@@ -227,7 +237,8 @@ class Monitor:
     def summary(self, stop_reason: str) -> dict[str, Any]:
         mean = self.return_mean()
         metric = {"train": "env/return_mean100 (mean return of the last 100 training episodes)",
-                  "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)"}
+                  "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
+                  "eval_win_rate": f"eval/win_rate (greedy, {self.cfg.eval.episodes} episodes per round)"}
         return {
             "target_reached": self.target_reached,
             "target_metric": metric[self.cfg.stop.target_metric],
@@ -237,6 +248,8 @@ class Monitor:
             "return_at_target": self.return_at_target,  # the target metric when it was reached
             "final_return_mean100": mean,  # at the end, after the roles stopped
             "final_eval_return_mean": self.eval_return,
+            "final_win_rate100": sum(self.wins) / len(self.wins) if self.wins else None,
+            "final_eval_win_rate": self.eval_win_rate,
             "eval_rounds": int(self.totals["eval_rounds"]),
             "replay_ratio": None if self.replay_ratio != self.replay_ratio else self.replay_ratio,
             "learner_blocked_s": round(self.totals["sample_blocked_s"], 3),
@@ -277,6 +290,7 @@ class Monitor:
             "episodes": self.episodes,
             "returns": list(self.returns),
             "lengths": list(self.lengths),
+            "wins": list(self.wins),
             "lag_hist": {str(k): v for k, v in self.lag_hist.items()},
             "dropped_lag_hist": {str(k): v for k, v in self.dropped_lag_hist.items()},
             "totals": dict(self.totals),
@@ -289,6 +303,7 @@ class Monitor:
                                      "lags": {str(k): v for k, v in self.per_learner_lags[rank].items()}}
                          for rank in self.per_learner},
             "eval_return": self.eval_return,
+            "eval_win_rate": self.eval_win_rate,
         }
 
     def close(self) -> None:
@@ -361,6 +376,7 @@ class _ConsoleLine:
             f"[{row['time_s']:7.1f}s] steps {int(row['env_steps']):>10,} "
             f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
             + (f"eval {evaluated:6.1f} " if evaluated == evaluated else "")
+            + _win_rates(row)
             + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
             f"upd {row['perf/updates_per_s']:5.1f}/s{_per_learner_updates(row)} | lag {_fmt(row['balance/lag_min'])}/"
             f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
@@ -385,6 +401,13 @@ def _per_learner_updates(row: dict[str, float]) -> str:
     """' (9.8+10.1)': each learner's share of a group's updates/s (nothing for one learner)."""
     shares = [v for k, v in row.items() if k.startswith("perf/learner") and k.endswith("/updates_per_s")]
     return f" ({'+'.join(f'{v:.1f}' for v in shares)})" if len(shares) > 1 else ""
+
+
+def _win_rates(row: dict[str, float]) -> str:
+    """'win 45% eval 60% ' for envs that report wins, nothing otherwise."""
+    train, evaluated = row["env/win_rate100"], row["eval/win_rate"]
+    return ((f"win {train:4.0%} " if train == train else "")
+            + (f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""))
 
 
 def _fmt(x: float, digits: int = 0) -> str:

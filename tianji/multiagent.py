@@ -21,8 +21,12 @@ env in TianJi. Adapters:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -49,6 +53,48 @@ def make_multiagent(cfg: EnvConfig, num_envs: int) -> "MultiAgentVectorEnv":
     return PettingZooVectorEnv(cfg.id[len(PETTINGZOO_PREFIX):], num_envs, cfg.kwargs)
 
 
+_SIZES: dict[str, tuple[int, int, int, int]] = {}  # env config -> (agents, obs, state, actions), per process
+
+
+def multiagent_spaces(cfg: EnvConfig) -> tuple[gym.spaces.Dict, gym.spaces.MultiDiscrete]:
+    """Single-env spaces without stepping an env. For SMAX in a process that has not imported JAX
+    (the driver, which forks the roles), they are read in a child process: a forked role must never
+    inherit a running JAX runtime. Cached, so roles forked later know them too."""
+    key = json.dumps([cfg.id, cfg.kwargs], sort_keys=True, default=str)
+    if key not in _SIZES:
+        if cfg.id.startswith(SMAX_PREFIX):
+            name = cfg.id[len(SMAX_PREFIX):]
+            _SIZES[key] = smax_sizes(name, cfg.kwargs) if "jax" in sys.modules else _smax_sizes_in_child(name, cfg.kwargs)
+        else:
+            envs = make_multiagent(cfg, 1)
+            _SIZES[key] = envs.sizes
+            envs.close()
+    n, obs_dim, state_dim, actions = _SIZES[key]
+    return observation_space(n, obs_dim, state_dim, actions), gym.spaces.MultiDiscrete([actions] * n)
+
+
+_CHILD = """
+import json, sys
+from tianji.config import ConfigError
+from tianji.multiagent import smax_sizes
+try:
+    print(json.dumps({"sizes": smax_sizes(*json.loads(sys.argv[1]))}))
+except ConfigError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def _smax_sizes_in_child(map_name: str, kwargs: dict[str, Any]) -> tuple[int, int, int, int]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([map_name, kwargs])], capture_output=True,
+                         text=True, env=env, timeout=300)
+    lines = out.stdout.strip().splitlines()
+    reply = json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr.strip()[-2000:]}
+    if "error" in reply:
+        raise ConfigError(reply["error"])
+    return tuple(reply["sizes"])  # type: ignore[return-value]
+
+
 def observation_space(n: int, obs_dim: int, state_dim: int, actions: int) -> gym.spaces.Dict:
     return gym.spaces.Dict({
         "obs": gym.spaces.Box(-np.inf, np.inf, (n, obs_dim), np.float32),
@@ -68,6 +114,7 @@ class MultiAgentVectorEnv:
 
     def _spaces(self, n: int, obs_dim: int, state_dim: int, actions: int) -> None:
         self.num_agents = n
+        self.sizes = (n, obs_dim, state_dim, actions)
         self.single_observation_space = observation_space(n, obs_dim, state_dim, actions)
         self.single_action_space = gym.spaces.MultiDiscrete([actions] * n)
 
@@ -83,6 +130,71 @@ def _quiet_single_core_jax() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # compiled steps are kept on disk: a second actor, the evaluator and the next run skip the compile
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "tianji", "jax"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence file descriptor 1 (what is printed there bypasses sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def make_smax(map_name: str, kwargs: dict[str, Any]) -> Any:
+    """JaxMARL's HeuristicEnemySMAX on `map_name` with SMAC's episode limit; imports JAX (one core)."""
+    _quiet_single_core_jax()
+    try:
+        with _quiet_stdout():  # jaxmarl prints about optional submodules at import
+            from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
+    except ImportError:
+        raise ConfigError("env.id 'smax:...' needs JaxMARL: pip install 'tianji[smax]'") from None
+    try:
+        scenario = map_name_to_scenario(map_name)
+    except KeyError:
+        raise ConfigError(f"env.id: SMAX has no map {map_name!r}; e.g. 3m, 8m, 2s3z, 3s5z, 5m_vs_6m") from None
+    options = {"see_enemy_actions": True, "walls_cause_death": True, "attack_mode": "closest",
+               "max_steps": SMAC_EPISODE_LIMITS.get(map_name, 100), **kwargs}
+    # SMAX itself ends an episode one step after max_steps; the adapter counts steps and truncates
+    # at the limit itself, so SMAX's own time-out never fires first
+    limit = options["max_steps"]
+    try:
+        env = HeuristicEnemySMAX(scenario=scenario, **{**options, "max_steps": limit + 2})
+    except TypeError as exc:
+        raise ConfigError(f"env.kwargs: SMAX does not take {kwargs} ({exc})") from None
+    env.episode_limit = limit
+    return env
+
+
+def smax_sizes(map_name: str, kwargs: dict[str, Any], env: Any = None) -> tuple[int, int, int, int]:
+    """(agents, observation, state, actions) sizes of a SMAX map, traced, not compiled."""
+    env = make_smax(map_name, kwargs) if env is None else env
+    import jax
+
+    obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0))
+    first = env.agents[0]
+    return (env.num_allies, int(env.observation_spaces[first].shape[0]), int(obs["world_state"].shape[-1]),
+            int(env.action_spaces[first].n))
+
+
+def world_state_scale(env: Any) -> np.ndarray:
+    """Factors that bring SMAX's world state to about [-1, 1]: it holds unit positions in map units
+    (0-32), which made the mixer's hypernetworks diverge."""
+    units, features = env.num_allies + env.num_enemies, len(env.own_features)
+    scale = np.ones(units * features + 2 * units, np.float32)
+    for u in range(units):
+        scale[u * features + 1] = 1.0 / env.map_width
+        scale[u * features + 2] = 1.0 / env.map_height
+    return scale
 
 
 class SmaxVectorEnv(MultiAgentVectorEnv):
@@ -90,30 +202,21 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
     envs, NumPy arrays out. Compiling a step takes seconds, once per process and batch size."""
 
     def __init__(self, map_name: str, num_envs: int, **kwargs: Any):
-        _quiet_single_core_jax()
-        try:
-            import jax
-            import jax.numpy as jnp
-            from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
-        except ImportError:
-            raise ConfigError("env.id 'smax:...' needs JaxMARL: pip install 'tianji[smax]'") from None
-        try:
-            scenario = map_name_to_scenario(map_name)
-        except KeyError:
-            raise ConfigError(f"env.id: SMAX has no map {map_name!r}; e.g. 3m, 8m, 2s3z, 3s5z, 5m_vs_6m") from None
-        options = {"see_enemy_actions": True, "walls_cause_death": True, "attack_mode": "closest",
-                   "max_steps": SMAC_EPISODE_LIMITS.get(map_name, 100), **kwargs}
-        self.env = env = HeuristicEnemySMAX(scenario=scenario, **options)
+        self.env = env = make_smax(map_name, kwargs)
+        import jax
+        import jax.numpy as jnp
+
         self.jax, self.num_envs, self.map_name = jax, num_envs, map_name
-        self.max_steps = options["max_steps"]
+        self.max_steps = env.episode_limit  # SMAC's: a time-out is a truncation
+        self._t = np.zeros(num_envs, np.int64)  # steps into each env's episode
         agents, allies = env.agents, env.num_allies
-        obs_dim = int(env.observation_spaces[agents[0]].shape[0])
-        actions = int(env.action_spaces[agents[0]].n)
+
+        state_scale = jnp.asarray(world_state_scale(env))
 
         def observe(obs, state):
             avail = env.get_avail_actions(state)
             alive = state.state.unit_alive[:allies]
-            return (jnp.stack([obs[a] for a in agents]), obs["world_state"],
+            return (jnp.stack([obs[a] for a in agents]), obs["world_state"] * state_scale,
                     jnp.stack([avail[a] for a in agents]).astype(bool), alive)
 
         def reset_one(key):
@@ -137,9 +240,7 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
         self._key = jax.random.PRNGKey(0)
         self._state = None
         self._needs_reset = np.zeros(num_envs, bool)
-        # the state's size is only known from a real observation
-        _, _, world, _, _ = self._reset(jax.random.split(self._key, num_envs))
-        self._spaces(allies, obs_dim, int(world.shape[-1]), actions)
+        self._spaces(*smax_sizes(map_name, kwargs, env))
 
     def _keys(self):
         self._key, key = self.jax.random.split(self._key)
@@ -150,20 +251,24 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
             self._key = self.jax.random.PRNGKey(seed)
         self._state, obs, world, avail, alive = self._reset(self._keys())
         self._needs_reset[:] = False
+        self._t[:] = 0
         return self._dict(obs, world, avail, alive, np.ones(self.num_envs, bool)), {}
 
     def step(self, actions: np.ndarray):
         first = self._needs_reset.copy()
         out = self._step(self._keys(), self._state, np.asarray(actions, np.int32), first)
-        self._state, obs, world, avail, alive, reward, done, terminated, won = out
-        done, terminated = np.asarray(done), np.asarray(terminated)
-        self._needs_reset = done.copy()
-        return (self._dict(obs, world, avail, alive, first), np.asarray(reward, np.float32), terminated,
-                done & ~terminated, {"won": np.asarray(won)})
+        self._state, obs, world, avail, alive, reward, _, terminated, won = out
+        terminated = np.array(terminated)
+        self._t = np.where(first, 0, self._t + 1)
+        truncated = (self._t >= self.max_steps) & ~terminated
+        self._needs_reset = terminated | truncated
+        return (self._dict(obs, world, avail, alive, first), np.array(reward, np.float32), terminated, truncated,
+                {"won": np.array(won)})
 
     def _dict(self, obs, world, avail, alive, first) -> dict[str, np.ndarray]:
-        return {"obs": np.asarray(obs, np.float32), "state": np.asarray(world, np.float32),
-                "avail_actions": np.asarray(avail, bool), "active": np.asarray(alive, bool),
+        # copies: JAX hands out read-only buffers, torch wants writable ones
+        return {"obs": np.array(obs, np.float32), "state": np.array(world, np.float32),
+                "avail_actions": np.array(avail, bool), "active": np.array(alive, bool),
                 "first": np.asarray(first, bool).reshape(self.num_envs, 1)}
 
 
@@ -175,6 +280,8 @@ class PettingZooVectorEnv(MultiAgentVectorEnv):
     that leaves early is masked (`active` False, zero observation); the team reward is the sum of
     the agents' rewards; the state is `env.state()` when the env has one, else all observations."""
 
+    recorded_info = ()  # no wins in general
+
     def __init__(self, module: str, num_envs: int, kwargs: dict[str, Any]):
         try:
             maker = importlib.import_module(module)
@@ -183,7 +290,10 @@ class PettingZooVectorEnv(MultiAgentVectorEnv):
                               "pip install 'tianji[pettingzoo]' or the package that provides it") from None
         if not hasattr(maker, "parallel_env"):
             raise ConfigError(f"env.id: {module!r} has no parallel_env(); expected a PettingZoo environment module")
-        self.envs = [maker.parallel_env(**kwargs) for _ in range(num_envs)]
+        try:
+            self.envs = [maker.parallel_env(**kwargs) for _ in range(num_envs)]
+        except TypeError as exc:
+            raise ConfigError(f"env.kwargs: {module}.parallel_env does not take {kwargs} ({exc})") from None
         self.num_envs = num_envs
         env = self.envs[0]
         self.agents = list(env.possible_agents)

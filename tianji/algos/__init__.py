@@ -24,7 +24,20 @@ def _impala() -> AlgoSpec:
     return AlgoSpec("impala", IMPALAPolicy, IMPALALearner, check_spaces)
 
 
-_FACTORIES = {"ppo": _ppo, "dqn": _dqn, "impala": _impala}
+def _qmix() -> AlgoSpec:
+    from tianji.algos.qmix import QMIXLearner, QMIXPolicy, check_spaces
+
+    return AlgoSpec("qmix", QMIXPolicy, QMIXLearner, check_spaces)
+
+
+def _mappo() -> AlgoSpec:
+    from tianji.algos.mappo import MAPPOLearner, MAPPOPolicy
+    from tianji.algos.qmix import check_spaces
+
+    return AlgoSpec("mappo", MAPPOPolicy, MAPPOLearner, check_spaces)
+
+
+_FACTORIES = {"ppo": _ppo, "dqn": _dqn, "impala": _impala, "qmix": _qmix, "mappo": _mappo}
 
 
 def get_algo(name: str) -> AlgoSpec:

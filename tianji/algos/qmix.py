@@ -6,7 +6,7 @@ Learning needs sequences: every fragment is stored as k sequences of T steps (on
 agent network's hidden state at their start; the learner samples batches of them, unrolls the
 agent network from that state (resetting it where an episode starts), and regresses Q_tot on
 TD(lambda) targets of a target network, double-Q style. Unavailable actions are masked when acting
-and in the targets. The pure pieces (`Mixer`, `td_lambda_targets`, `masked_argmax`) are tested
+and in the targets. The pure pieces (`Mixer`, `td_lambda_targets`, `masked_argmax`, `double_q_next`) are tested
 against references.
 """
 
@@ -39,6 +39,12 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
 def masked_argmax(q: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
     """Greedy action among the available ones (`avail` bool, same shape as `q`)."""
     return q.masked_fill(~avail, NEG).argmax(dim=-1)
+
+
+def double_q_next(q_online: torch.Tensor, q_target: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
+    """Double Q: the target network's value of the action the online network picks among the
+    available ones (an unavailable action never enters a target)."""
+    return q_target.gather(-1, masked_argmax(q_online, avail).unsqueeze(-1)).squeeze(-1)
 
 
 def td_lambda_targets(rewards: torch.Tensor, target_q: torch.Tensor, bootstrap_q: torch.Tensor,
@@ -152,17 +158,16 @@ class QMIXPolicy:
         return q.numpy()
 
     def act(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, Arrays]:
-        last = None if self.last_action is None else self.last_action.copy()
-        q = self._q(obs)
+        q = self._q(obs)  # resets the memory and last actions of envs that start an episode
+        last = self.last_action.copy()
         avail = obs["avail_actions"].astype(bool)
         greedy = np.where(avail, q, NEG).argmax(-1)
         random = _random_available(avail, self.rng)
         explore = self.rng.random(greedy.shape) < self.epsilon()
         action = np.where(explore, random, greedy)
-        recorded_last = np.where(obs["first"].reshape(-1, 1), -1, last if last is not None else -1)
         self.last_action = action
         self.steps += action.shape[0]
-        return action, {"action": action, "last_action": recorded_last.astype(np.int64)}
+        return action, {"action": action, "last_action": last}
 
     def greedy(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         q = self._q(obs)
@@ -173,7 +178,7 @@ class QMIXPolicy:
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
         h0, self.h0 = self.h0, self.h.numpy().copy()  # the next fragment starts where this one ended
         return {"h0": h0, **{f"next_{key}": np.asarray(value) for key, value in last_obs.items()},
-                "next_last_action": self.last_action.copy()}
+                "next_last_action": np.where(last_obs["first"].reshape(-1, 1), -1, self.last_action)}
 
 
 def _random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -280,8 +285,7 @@ class QMIXLearner:
         avail = torch.cat([b["avail_actions"].transpose(0, 1), b["next_avail_actions"].unsqueeze(0)]).bool()
         q_tot = self.mixer(chosen.reshape(-1, chosen.shape[-1]), states.reshape(-1, states.shape[-1])).view(T, -1)
         with torch.no_grad():
-            best = masked_argmax(q[1:].detach(), avail[1:])  # double Q: the online net chooses
-            next_q = q_target[1:].gather(-1, best.unsqueeze(-1)).squeeze(-1)  # [T, B, n]
+            next_q = double_q_next(q[1:].detach(), q_target[1:], avail[1:])  # [T, B, n]
             next_q_tot = self.target_mixer(next_q.reshape(-1, next_q.shape[-1]),
                                            next_states.reshape(-1, next_states.shape[-1])).view(T, -1)
             targets = td_lambda_targets(b["reward"].transpose(0, 1).float(), next_q_tot, next_q_tot[-1],
@@ -298,7 +302,7 @@ class QMIXLearner:
         self.updates += 1
         if self.updates % c.target_update_interval == 0:
             self._sync_targets()
-        return {"loss": float(loss), "q_tot_mean": float((q_tot * valid).sum() / valid.sum().clamp(min=1.0)),
+        return {"loss": float(loss.detach()), "q_tot_mean": float((q_tot.detach() * valid).sum() / valid.sum().clamp(min=1.0)),
                 "grad_norm": float(grad_norm), "replay_sequences": float(len(self.replay))}
 
     def weights(self) -> Arrays:

@@ -7,7 +7,9 @@
 
 Recording convention (per row t, per env): `obs` seen, what the policy recorded
 (`action`, extras), `reward`, `terminated`, `done` (terminated or truncated), and
-`valid`. Vector envs reset a finished env on the following step; that step is
+`valid`. Dict observations (multi-agent envs: obs, state, avail_actions, ...) are recorded
+one field per key, and so are the per-step infos an env names in `recorded_info` (e.g. `won`).
+Vector envs reset a finished env on the following step; that step is
 recorded with `valid = False` (its obs is the final observation, its reward 0),
 so algorithms can bootstrap truncated episodes from it and mask it from losses.
 """
@@ -47,7 +49,8 @@ class Actor:
         self.seq = 0
         self._return = np.zeros(self.k, dtype=np.float64)
         self._length = np.zeros(self.k, dtype=np.int64)
-        self.episodes: list[tuple[float, int]] = []  # finished (return, length), drained by the caller
+        self.recorded_info: tuple[str, ...] = tuple(getattr(envs, "recorded_info", ()))
+        self.episodes: list[tuple] = []  # finished (return, length[, won]), drained by the caller
         self.busy_s = 0.0
 
     def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
@@ -79,36 +82,39 @@ class Actor:
         self.busy_s += time.perf_counter() - start
         return fragment
 
-    def drain_episodes(self) -> list[tuple[float, int]]:
+    def drain_episodes(self) -> list[tuple]:
         episodes, self.episodes = self.episodes, []
         return episodes
 
     def _step(self, t: int, buffers: Arrays | None) -> Arrays:
         obs = self.obs
-        if buffers is not None:  # the observation's row first: some envs reuse their output arrays
-            buffers["obs"][t] = obs
+        obs_rows = obs if isinstance(obs, dict) else {"obs": obs}
+        if buffers is not None:  # the observation's rows first: some envs reuse their output arrays
+            for key, value in obs_rows.items():
+                buffers[key][t] = value
         env_action, record = self.policy.act(obs)
-        next_obs, reward, terminated, truncated, _ = self.envs.step(env_action)
+        next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
         done = np.logical_or(terminated, truncated)
         valid = ~self.prev_done
         trained = reward if self.reward_clip is None else np.clip(reward, -self.reward_clip, self.reward_clip)
         row = {**record, "reward": np.asarray(trained, np.float32), "terminated": terminated, "done": done,
-               "valid": valid}
+               "valid": valid, **{key: np.asarray(info[key]) for key in self.recorded_info}}
         if buffers is None:  # a fragment of its own: allocate its arrays now that the rows' shapes are known
-            buffers = {"obs": np.empty((self.T, *np.shape(obs)), np.asarray(obs).dtype)}
-            buffers.update({k: np.empty((self.T, *np.shape(v)), np.asarray(v).dtype) for k, v in row.items()})
-            buffers["obs"][t] = obs
+            buffers = {k: np.empty((self.T, *np.shape(v)), np.asarray(v).dtype) for k, v in {**obs_rows, **row}.items()}
+            for key, value in obs_rows.items():
+                buffers[key][t] = value
         for key, value in row.items():
             buffers[key][t] = value
-        self._track_episodes(reward, done, valid)
+        self._track_episodes(reward, done, valid, info.get("won") if "won" in self.recorded_info else None)
         self.prev_done = done
         self.obs = next_obs
         return buffers
 
-    def _track_episodes(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
+    def _track_episodes(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, won: Any = None) -> None:
         self._return += np.where(valid, reward, 0.0)
         self._length += valid
         for i in np.flatnonzero(done & valid):
-            self.episodes.append((float(self._return[i]), int(self._length[i])))
+            episode = (float(self._return[i]), int(self._length[i]))
+            self.episodes.append(episode if won is None else (*episode, bool(won[i])))
         self._return[done] = 0.0
         self._length[done] = 0

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -41,29 +42,45 @@ class Evaluator:
     def evaluate(self) -> dict[str, Any]:
         """One episode per env of the vector env, each counted until its first end."""
         start = time.perf_counter()
-        returns, lengths = play_greedy(self.envs, self.policy, self.seed + max(self.version, 0))
+        played = play_greedy(self.envs, self.policy, self.seed + max(self.version, 0))
         self.evaluated_version = self.version
         self.busy_s += time.perf_counter() - start
-        return {"kind": "eval", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-                "length_mean": float(lengths.mean()), "version": self.version, "episodes": len(returns)}
+        returns = played.returns
+        event = {"kind": "eval", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+                 "length_mean": float(played.lengths.mean()), "version": self.version, "episodes": len(returns)}
+        if played.won is not None:
+            event["win_rate"] = float(played.won.mean())
+        return event
 
 
-def play_greedy(envs: Any, policy: ActorPolicy, seed: int,
-                on_step: Callable[[np.ndarray, np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy actions until every env of `envs` has ended one episode; returns (returns, lengths) of
-    those first episodes. `on_step(obs, running)` sees every observation (for videos)."""
+@dataclass
+class Played:
+    """The first episode of every env: game score, length, and whether it was won (envs with wins)."""
+    returns: np.ndarray
+    lengths: np.ndarray
+    won: np.ndarray | None
+
+
+def play_greedy(envs: Any, policy: ActorPolicy, seed: int, on_step: Callable[[Any, np.ndarray], None] | None = None
+                ) -> Played:
+    """Greedy actions until every env of `envs` has ended one episode. `on_step(obs, running)` sees
+    every observation (for videos)."""
     n = envs.num_envs
     obs, _ = envs.reset(seed=seed)
     returns = np.zeros(n)
     lengths = np.zeros(n, dtype=np.int64)
+    records_wins = "won" in getattr(envs, "recorded_info", ())
+    won = np.zeros(n, dtype=bool)
     running = np.ones(n, dtype=bool)
     for _ in range(MAX_EVAL_STEPS):
         if on_step is not None:
             on_step(obs, running)
-        obs, reward, terminated, truncated, _ = envs.step(policy.greedy(obs))
+        obs, reward, terminated, truncated, info = envs.step(policy.greedy(obs))
         returns += np.where(running, reward, 0.0)
         lengths += running
+        if records_wins:
+            won |= running & np.asarray(info["won"], bool)
         running &= ~(terminated | truncated)
         if not running.any():
             break
-    return returns, lengths
+    return Played(returns, lengths, won if records_wins else None)
