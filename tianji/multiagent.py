@@ -188,12 +188,13 @@ def smax_sizes(map_name: str, kwargs: dict[str, Any], env: Any = None) -> tuple[
 
 def world_state_scale(env: Any) -> np.ndarray:
     """Factors that bring SMAX's world state to about [-1, 1]: it holds unit positions in map units
-    (0-32), which made the mixer's hypernetworks diverge."""
+    (0-32) and weapon cooldowns in steps (up to ~20), which made the mixer's hypernetworks diverge."""
     units, features = env.num_allies + env.num_enemies, len(env.own_features)
     scale = np.ones(units * features + 2 * units, np.float32)
     for u in range(units):
         scale[u * features + 1] = 1.0 / env.map_width
         scale[u * features + 2] = 1.0 / env.map_height
+        scale[u * features + 3] = 1.0 / 20.0
     return scale
 
 
