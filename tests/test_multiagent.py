@@ -187,13 +187,14 @@ def test_smax_runs_end_to_end(tmp_path, preset, launcher):
     assert summary["policy_lag_max"] <= load_config(preset, []).balance.max_policy_lag
 
 
-@pytest.mark.parametrize("algo,launcher", [("qmix", "local"), ("mappo", "inline")])
+@pytest.mark.parametrize("algo,launcher", [("qmix", "local"), ("mappo", "inline"), ("mappo-recurrent", "local")])
 def test_pettingzoo_runs_end_to_end(tmp_path, algo, launcher):
     preset = "smax-3m-qmix" if algo == "qmix" else "mpe-spread-mappo"
+    extra = {"qmix": ["algo.learning_starts_sequences=8"], "mappo": ["algo.epochs=1"],
+             "mappo-recurrent": ["algo.epochs=1", "algo.recurrent=true"]}[algo]
     cfg = load_config(preset, [f"env.id={SPREAD}", "env.kwargs={N: 3, max_cycles: 25}", "stop.target_return=null",
                                "stop.max_env_steps=4000", "topology.envs_per_actor=8", "eval.interval_s=null",
-                               "algo.learning_starts_sequences=8" if algo == "qmix" else "algo.epochs=1",
-                               "logging.console=false"])
+                               "logging.console=false", *extra])
     _, summary = train(cfg, launcher=launcher, run_dir=str(tmp_path / "run"))
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0 and summary["episodes"] > 0
     assert summary["final_win_rate100"] is None  # PettingZoo envs report no wins
@@ -210,3 +211,19 @@ def test_mappo_wins_smax_3m(tmp_path):
     summary = run_cli("smax-3m-mappo", "--run-dir", str(tmp_path / "run"), "--set", "stop.target_return=0.5",
                       "--set", "stop.max_wall_time_s=170", timeout=230)
     assert summary["target_reached"], summary
+
+
+@pytest.mark.parametrize("overrides", [["algo.recurrent=true"], ["algo.centralised_value=false"]])
+def test_mappo_recurrent_and_ippo_variants_collect_and_train(overrides):
+    cfg = load_config("mpe-spread-mappo", ["topology.envs_per_actor=4", "topology.fragment_length=10", *overrides])
+    actor, learner = build_actor(cfg, 0), build_learner(cfg)
+    first = actor.collect().arrays
+    second = actor.collect().arrays
+    if cfg.algo.recurrent:
+        assert not first["h0"].any() and second["h0"].any(), "memory carried into the next fragment"
+    else:
+        assert "h0" not in first and first["value"].shape == (10, 4, 3)  # IPPO: a value per agent
+    for arrays in (first, second):
+        learner.algo.add(arrays)
+        stats = learner.algo.update()
+        assert np.isfinite(stats["policy_loss"]) and np.isfinite(stats["value_loss"])

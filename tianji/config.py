@@ -168,6 +168,9 @@ class MAPPOConfig(_Section):
                               "value MLPs.")
     centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
                                     "own observation (IPPO).")
+    recurrent: bool = Field(False, description="A GRU memory in the policy (trained on whole env sequences; "
+                            "minibatches then split the envs).")
+    rnn_hidden: int = Field(64, ge=1, description="Width of the policy's GRU when recurrent.")
 
 
 AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig, QMIXConfig, MAPPOConfig], Field(discriminator="name")]

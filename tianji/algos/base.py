@@ -149,3 +149,52 @@ def mlp(sizes: list[int], activation: type[torch.nn.Module] = torch.nn.Tanh) -> 
         if i < len(sizes) - 2:
             layers.append(activation())
     return torch.nn.Sequential(*layers)
+
+
+class OnPolicyBatches:
+    """The buffer of an on-policy learner: at most one batch of `cfg.batch_fragments` fragments, so
+    that when the learner is busy back-pressure reaches the actors instead of stale data queueing."""
+
+    cfg: Any
+    pending: list[Mapping[str, np.ndarray]]
+    _samples_per_fragment: int = 0
+
+    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
+        self.pending.append(fragment)
+        self._samples_per_fragment = int(fragment["reward"].size)
+
+    def wants_data(self) -> bool:
+        return len(self.pending) < self.cfg.batch_fragments
+
+    def ready(self) -> bool:
+        return len(self.pending) >= self.cfg.batch_fragments
+
+    def samples_per_update(self) -> int:
+        return self._samples_per_fragment * self.cfg.batch_fragments
+
+    def take_batch(self) -> list[Mapping[str, np.ndarray]]:
+        batch, self.pending = self.pending[: self.cfg.batch_fragments], self.pending[self.cfg.batch_fragments:]
+        return batch
+
+
+class NetAndOptimizer:
+    """Weights, parameters and checkpoint state of a learner that trains one `net` with one `optimizer`."""
+
+    net: torch.nn.Module
+    optimizer: Any  # tianji.optim.Adam
+
+    def weights(self) -> Arrays:
+        return module_weights(self.net)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.optimizer.params
+
+    def optimizer_moments(self) -> list[torch.Tensor]:
+        return self.optimizer.moments()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])

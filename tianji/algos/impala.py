@@ -8,16 +8,16 @@ which recomputes values and target log-probs with its current parameters.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
+from tianji.algos.base import NO_HOOK, NetAndOptimizer, OnPolicyBatches, Arrays, resolve_device, to_device
 from tianji.algos.networks import PolicyValueNet
-from tianji.algos.ppo import check_spaces
+from tianji.algos.ppo import PPOPolicy, check_spaces
 from tianji.algos.vtrace import vtrace
 from tianji.config import IMPALAConfig
 from tianji.optim import Adam
@@ -39,15 +39,8 @@ def make_net(cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space) -> P
     return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model)
 
 
-class IMPALAPolicy:
-    def __init__(self, cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
-        self.net = make_net(cfg, obs_space, act_space)
-        self.net.requires_grad_(False)
-        self.low = getattr(act_space, "low", None)
-        self.high = getattr(act_space, "high", None)
-
-    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        load_module_weights(self.net, weights)
+class IMPALAPolicy(PPOPolicy):
+    """PPO's actor side without the value: the learner computes values itself for V-trace."""
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
@@ -56,16 +49,11 @@ class IMPALAPolicy:
         env_action = action_np if self.net.discrete else np.clip(action_np, self.low, self.high)
         return env_action, {"action": action_np, "logp": logp.numpy()}
 
-    @torch.no_grad()
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        action = self.net.greedy(torch.from_numpy(obs)).numpy()
-        return action if self.net.discrete else np.clip(action, self.low, self.high)
-
     def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
         return {"last_obs": last_obs}  # the learner bootstraps from it with its own values
 
 
-class IMPALALearner:
+class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
     def __init__(self, cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -73,20 +61,6 @@ class IMPALALearner:
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
         self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []
-        self._samples_per_fragment = 0
-
-    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
-        self.pending.append(fragment)
-        self._samples_per_fragment = int(fragment["reward"].size)
-
-    def wants_data(self) -> bool:
-        return len(self.pending) < self.cfg.batch_fragments
-
-    def ready(self) -> bool:
-        return len(self.pending) >= self.cfg.batch_fragments
-
-    def samples_per_update(self) -> int:
-        return self._samples_per_fragment * self.cfg.batch_fragments
 
     def _tensor(self, key: str, fragments: list[Mapping[str, np.ndarray]], axis: int = 1) -> torch.Tensor:
         """Fragments side by side on the env axis ([T, k1 + k2, ...]); uint8 stays uint8 until the net."""
@@ -95,7 +69,7 @@ class IMPALALearner:
 
     def update(self) -> dict[str, float]:
         c = self.cfg
-        fragments, self.pending = self.pending[: c.batch_fragments], self.pending[c.batch_fragments:]
+        fragments = self.take_batch()
         obs, action = self._tensor("obs", fragments), self._tensor("action", fragments)
         T, k = action.shape[:2]
         logp, entropy, values = self.net.evaluate(obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:]))
@@ -115,19 +89,3 @@ class IMPALALearner:
         with torch.no_grad():
             stats["rho_mean"] = (logp.detach() - self._tensor("logp", fragments)).exp()[valid].mean()
         return {key: float(value) for key, value in stats.items()}
-
-    def weights(self) -> Arrays:
-        return module_weights(self.net)
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self.optimizer.params
-
-    def optimizer_moments(self) -> list[torch.Tensor]:
-        return self.optimizer.moments()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])

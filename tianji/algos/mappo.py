@@ -1,20 +1,22 @@
 """MAPPO (Yu et al., 2022) and IPPO for cooperative multi-agent envs (tianji.multiagent): one policy
 shared by all agents (its observation and its id in, unavailable actions masked), PPO's clipped
 surrogate, and a value function on the global state (MAPPO) or on each agent's own observation
-(IPPO, `centralised_value: false`). The team reward's GAE is computed per env (MAPPO) or per agent
+(IPPO, `centralised_value: false`). `recurrent: true` gives the policy a GRU memory: actors carry it
+across fragments and store it at each fragment's start, and the learner trains on whole env
+sequences unrolled from there. The team reward's GAE is computed per env (MAPPO) or per agent
 (IPPO) with the same `compute_gae` as PPO, and the same lag machinery applies.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, mlp, module_weights, resolve_device, to_device
+from tianji.algos.base import NO_HOOK, NetAndOptimizer, OnPolicyBatches, Arrays, Placement, load_module_weights, mlp, resolve_device, to_device
 from tianji.algos.ppo import compute_gae, ppo_loss
 from tianji.algos.qmix import NEG, _sizes, check_spaces
 from tianji.config import MAPPOConfig
@@ -22,11 +24,19 @@ from tianji.optim import Adam
 
 
 class SharedActorCritic(nn.Module):
+    """The shared policy (an MLP, or with `recurrent_hidden` an encoder + GRU + head that remembers
+    the episode) and the value (MLP on the global state, or on each agent's observation)."""
+
     def __init__(self, n_agents: int, obs_dim: int, n_actions: int, state_dim: int, hidden: list[int],
-                 centralised_value: bool):
+                 centralised_value: bool, recurrent_hidden: int | None = None):
         super().__init__()
-        self.n_agents, self.centralised = n_agents, centralised_value
-        self.pi = mlp([obs_dim + n_agents, *hidden, n_actions])
+        self.n_agents, self.centralised, self.recurrent_hidden = n_agents, centralised_value, recurrent_hidden
+        if recurrent_hidden:
+            self.encoder = nn.Linear(obs_dim + n_agents, recurrent_hidden)
+            self.gru = nn.GRUCell(recurrent_hidden, recurrent_hidden)
+            self.pi = nn.Sequential(nn.Linear(recurrent_hidden, n_actions))
+        else:
+            self.pi = mlp([obs_dim + n_agents, *hidden, n_actions])
         self.v = mlp([state_dim if centralised_value else obs_dim + n_agents, *hidden, 1])
         with torch.no_grad():
             self.pi[-1].weight.mul_(0.01)
@@ -37,8 +47,15 @@ class SharedActorCritic(nn.Module):
         ids = torch.eye(self.n_agents, device=obs.device).expand(obs.shape[0], -1, -1)
         return torch.cat([obs.float(), ids], dim=-1)
 
-    def logits(self, obs: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
-        return self.pi(self.agent_inputs(obs)).masked_fill(~avail.bool(), NEG)
+    def logits(self, obs: torch.Tensor, avail: torch.Tensor, h: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Masked logits [B, n, A] and the new memory ([B, n, H]; None without recurrence)."""
+        x = self.agent_inputs(obs)
+        if self.recurrent_hidden:
+            batch, n = x.shape[:2]
+            h = self.gru(torch.relu(self.encoder(x)).reshape(batch * n, -1), h.reshape(batch * n, -1)).reshape(batch, n, -1)
+            x = h
+        return self.pi(x).masked_fill(~avail.bool(), NEG), h
 
     def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """[B] on the global state (MAPPO), or [B, n] on each agent's observation (IPPO)."""
@@ -50,22 +67,37 @@ class SharedActorCritic(nn.Module):
 def make_net(cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space) -> SharedActorCritic:
     check_spaces(obs_space, act_space)
     n, obs_dim, n_actions, state_dim = _sizes(obs_space, act_space)
-    return SharedActorCritic(n, obs_dim, n_actions, state_dim, cfg.hidden, cfg.centralised_value)
+    return SharedActorCritic(n, obs_dim, n_actions, state_dim, cfg.hidden, cfg.centralised_value,
+                             cfg.rnn_hidden if cfg.recurrent else None)
 
 
 class MAPPOPolicy:
     def __init__(self, cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         self.net = make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
-        self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
+        self.h: torch.Tensor | None = None  # each env's memory (recurrent), carried across fragments
+        self.h0: np.ndarray | None = None  # at the start of the fragment being collected
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         load_module_weights(self.net, weights)
 
+    def _memory(self, obs: Mapping[str, np.ndarray]) -> torch.Tensor | None:
+        """The memory before this step: zero where an episode starts (None without recurrence)."""
+        if not self.net.recurrent_hidden:
+            return None
+        k, n = obs["obs"].shape[:2]
+        if self.h is None:
+            self.h = torch.zeros(k, n, self.net.recurrent_hidden)
+        self.h[torch.from_numpy(obs["first"].reshape(k).astype(bool))] = 0.0
+        if self.h0 is None:
+            self.h0 = self.h.numpy().copy()
+        return self.h
+
     @torch.no_grad()
     def act(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, Arrays]:
         t = {key: torch.from_numpy(np.asarray(value)) for key, value in obs.items()}
-        log_probs = torch.log_softmax(self.net.logits(t["obs"], t["avail_actions"]), dim=-1)
+        logits, self.h = self.net.logits(t["obs"], t["avail_actions"], self._memory(obs))
+        log_probs = torch.log_softmax(logits, dim=-1)
         action = torch.distributions.Categorical(logits=log_probs).sample()
         logp = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         value = self.net.value(t["obs"], t["state"])
@@ -73,16 +105,20 @@ class MAPPOPolicy:
 
     @torch.no_grad()
     def greedy(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        logits = self.net.logits(torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]))
+        logits, self.h = self.net.logits(torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]),
+                                         self._memory(obs))
         return logits.argmax(-1).numpy()
 
     @torch.no_grad()
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
         value = self.net.value(torch.from_numpy(last_obs["obs"]), torch.from_numpy(last_obs["state"]))
-        return {"bootstrap_value": value.numpy()}
+        extras = {"bootstrap_value": value.numpy()}
+        if self.net.recurrent_hidden:  # the next fragment starts where this one ended
+            extras["h0"], self.h0 = self.h0, self.h.numpy().copy()
+        return extras
 
 
-class MAPPOLearner:
+class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
     def __init__(self, cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -90,20 +126,6 @@ class MAPPOLearner:
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []
-        self._samples_per_fragment = 0
-
-    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
-        self.pending.append(fragment)
-        self._samples_per_fragment = int(fragment["reward"].size)
-
-    def wants_data(self) -> bool:
-        return len(self.pending) < self.cfg.batch_fragments
-
-    def ready(self) -> bool:
-        return len(self.pending) >= self.cfg.batch_fragments
-
-    def samples_per_update(self) -> int:
-        return self._samples_per_fragment * self.cfg.batch_fragments
 
     def _advantages(self, f: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """GAE of the team reward per env (values [T, k]) or per agent (values [T, k, n]); -> [T, k, n]."""
@@ -119,64 +141,76 @@ class MAPPOLearner:
         return adv.reshape(T, k, n), ret.reshape(T, k, n)
 
     def _batch(self) -> dict[str, torch.Tensor]:
+        """The batch's fragments side by side on the env axis: time-major [T, K, ...] tensors (and each
+        env's memory at the start, recurrent)."""
         c = self.cfg
-        fragments, self.pending = self.pending[: c.batch_fragments], self.pending[c.batch_fragments:]
+        fragments = self.take_batch()
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "state", "avail_actions", "action", "logp", "adv",
-                                                               "ret", "mask")}
+                                                               "ret", "mask", "first")}
         for f in fragments:
-            T, k, n = f["action"].shape
             adv, ret = self._advantages(f)
             mask = f["valid"][..., None] & f["active"].astype(bool)  # agent-steps that count
             for key, value in (("obs", f["obs"]), ("state", f["state"]), ("avail_actions", f["avail_actions"]),
                                ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret),
-                               ("mask", mask)):
-                parts[key].append(value.reshape(T * k, *value.shape[2:]))
-        return {key: to_device(np.concatenate(value), self.device) for key, value in parts.items()}
+                               ("mask", mask), ("first", f["first"])):
+                parts[key].append(value)
+        batch = {key: to_device(np.concatenate(value, axis=1), self.device) for key, value in parts.items()}
+        if self.cfg.recurrent:
+            batch["h0"] = to_device(np.concatenate([f["h0"] for f in fragments]), self.device)
+        return batch
 
     def update(self) -> dict[str, float]:
+        """`epochs` passes over the batch in `minibatches` parts: of agent-steps, or, recurrent, of
+        whole env sequences unrolled from their stored memory."""
         c = self.cfg
         b = self._batch()
-        rows = b["adv"].shape[0]
-        size = max(1, rows // c.minibatches)
+        T, K = b["adv"].shape[:2]
+        units = K if c.recurrent else T * K
+        size = max(1, units // c.minibatches)
+        flat = {key: value.reshape(T * K, *value.shape[2:]) for key, value in b.items() if key != "h0"}
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(c.epochs):
-            order = torch.randperm(rows, device=self.device)
-            for start in range(0, rows - size + 1, size):
+            order = torch.randperm(units, device=self.device)
+            for start in range(0, units - size + 1, size):
                 idx = order[start:start + size]
-                mask = b["mask"][idx].bool()
-                log_probs = torch.log_softmax(self.net.logits(b["obs"][idx], b["avail_actions"][idx]), dim=-1)
-                logp = log_probs.gather(-1, b["action"][idx].long().unsqueeze(-1)).squeeze(-1)
-                probs = log_probs.exp()
-                entropy = -(probs * log_probs.clamp(min=NEG / 2)).sum(-1)
-                value = self.net.value(b["obs"][idx], b["state"][idx])
-                if value.dim() == 1:  # a centralised value, one per env: the same for every agent
-                    value = value.unsqueeze(-1).expand_as(logp)
-                loss, stats = ppo_loss(logp[mask], b["logp"][idx][mask], b["adv"][idx][mask], value[mask],
-                                       b["ret"][idx][mask], entropy[mask], c)
-                self.optimizer.zero_grad()
-                loss.backward()
-                self.sync.gradients(self.optimizer.params)
-                stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm).detach()
-                self.optimizer.step()
+                if c.recurrent:
+                    logits = self._unroll(b, idx)
+                    picked = {key: value[:, idx].reshape(T * len(idx), *value.shape[2:]) for key, value in b.items()
+                              if key != "h0"}
+                else:
+                    picked = {key: value[idx] for key, value in flat.items()}
+                    logits, _ = self.net.logits(picked["obs"], picked["avail_actions"])
+                stats = self._step(logits, picked)
                 for key, value_ in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value_)
                 steps += 1
         return {key: value / max(steps, 1) for key, value in totals.items()}
 
-    def weights(self) -> Arrays:
-        return module_weights(self.net)
+    def _unroll(self, b: dict[str, torch.Tensor], envs: torch.Tensor) -> torch.Tensor:
+        """Logits [T * B, n, A] of the envs' sequences, from their stored memory, reset where an episode starts."""
+        h = b["h0"][envs].float()
+        logits = []
+        for t in range(b["obs"].shape[0]):
+            h = h * (~b["first"][t, envs].bool()).float().view(-1, 1, 1)
+            step_logits, h = self.net.logits(b["obs"][t, envs], b["avail_actions"][t, envs], h)
+            logits.append(step_logits)
+        return torch.cat(logits)
 
-    def parameters(self) -> list[torch.Tensor]:
-        return self.optimizer.params
-
-    def optimizer_moments(self) -> list[torch.Tensor]:
-        return self.optimizer.moments()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
+    def _step(self, logits: torch.Tensor, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One optimizer step of PPO's loss over the agent-steps that count."""
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logp = log_probs.gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs.clamp(min=NEG / 2)).sum(-1)
+        value = self.net.value(b["obs"], b["state"])
+        if value.dim() == 1:  # a centralised value, one per env: the same for every agent
+            value = value.unsqueeze(-1).expand_as(logp)
+        mask = b["mask"].bool()
+        loss, stats = ppo_loss(logp[mask], b["logp"][mask], b["adv"][mask], value[mask], b["ret"][mask], entropy[mask],
+                               self.cfg)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.sync.gradients(self.optimizer.params)
+        stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
+        self.optimizer.step()
+        return stats

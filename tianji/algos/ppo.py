@@ -12,14 +12,14 @@ reset row itself is marked invalid and masked out of the loss.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
+from tianji.algos.base import NO_HOOK, NetAndOptimizer, OnPolicyBatches, Arrays, Placement, load_module_weights, resolve_device, to_device
 from tianji.algos.networks import PolicyValueNet
 from tianji.config import PPOConfig
 from tianji.optim import Adam
@@ -134,7 +134,7 @@ class PPOPolicy:
 # ------------------------------------------------------------------ learner side
 
 
-class PPOLearner:
+class PPOLearner(OnPolicyBatches, NetAndOptimizer):
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -142,24 +142,9 @@ class PPOLearner:
         self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.sync = NO_HOOK
         self.pending: list[Mapping[str, np.ndarray]] = []
-        self._samples_per_fragment = 0
-
-    def add(self, fragment: Mapping[str, np.ndarray]) -> None:
-        self.pending.append(fragment)
-        self._samples_per_fragment = int(fragment["reward"].size)
-
-    def wants_data(self) -> bool:
-        # on-policy: hold no more than one batch, so back-pressure reaches the actors
-        return len(self.pending) < self.cfg.batch_fragments
-
-    def ready(self) -> bool:
-        return len(self.pending) >= self.cfg.batch_fragments
-
-    def samples_per_update(self) -> int:
-        return self._samples_per_fragment * self.cfg.batch_fragments
 
     def _batch(self) -> dict[str, torch.Tensor]:
-        fragments, self.pending = self.pending[: self.cfg.batch_fragments], self.pending[self.cfg.batch_fragments :]
+        fragments = self.take_batch()
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "logp", "adv", "ret")}
         for f in fragments:
             adv, ret = compute_gae(
@@ -192,19 +177,3 @@ class PPOLearner:
                     totals[k] = totals.get(k, 0.0) + float(v)
                 steps += 1
         return {k: v / max(steps, 1) for k, v in totals.items()}
-
-    def weights(self) -> Arrays:
-        return module_weights(self.net)
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self.optimizer.params
-
-    def optimizer_moments(self) -> list[torch.Tensor]:
-        return self.optimizer.moments()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
