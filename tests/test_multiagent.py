@@ -127,6 +127,15 @@ def test_smax_spaces_are_read_without_jax_in_this_process():
         env_spaces(EnvConfig(id="smax:nomap"))
 
 
+def test_smax_without_its_extra_says_what_to_install(tmp_path, monkeypatch):
+    fake = tmp_path / "jaxmarl"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named jaxmarl')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the child that reads the map's sizes sees it first
+    with pytest.raises(ConfigError, match=r"pip install 'tianji\[smax\]'"):
+        env_spaces(EnvConfig(id="smax:8m"))
+
+
 def test_pettingzoo_simple_spread_adapter():
     envs = make_vector_env(EnvConfig(id=SPREAD, kwargs={"N": 3, "max_cycles": 5}), 2)
     obs, _ = envs.reset(seed=0)
