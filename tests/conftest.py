@@ -69,6 +69,8 @@ class FakePolicy:
 
 
 class FakeAlgoLearner:
+    holds_fragments = True  # keeps fragments (views of shared memory) until its update
+
     def __init__(self, batch_fragments: int = 1):
         self.batch_fragments = batch_fragments
         self.pending = []

@@ -282,3 +282,44 @@ def test_role_exits_when_the_driver_falls_silent(tiny_config, tmp_path, wiring):
     finally:
         if process.is_alive():
             process.kill()
+
+
+def test_learner_trains_from_the_slot_and_frees_it_only_after_the_update(tiny_config, tmp_path, wiring):
+    """On-policy fragments are not copied out of shared memory: the slot stays the learner's until
+    the update that trains on it returns, so its actor cannot overwrite it meanwhile."""
+    token, endpoints, ctx = wiring
+    base = tiny_config()
+    cfg = quiet_driver_config(base.model_copy(update={"algo": base.algo.model_copy(update={"batch_fragments": 2})}),
+                              max_policy_lag=100)
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
+    process = start(learner_main, run, endpoints, token, os.getpid())
+    link = ctx.socket(zmq.DEALER)
+    link.connect(endpoints.fragments)
+    writer = SlotWriter(pool_path(token, "actor0"), slots=2)
+
+    def send_fragment(slot, seq):
+        header = writer.write(slot, ppo_fragment(cfg))
+        header.update(kind="fragment", actor=0, seq=seq, version=0, env_steps=64, epoch=0)
+        link.send(pack_header(header))
+
+    try:
+        link.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
+        recv_until(link, kind_is("weights"))
+        granted = {decode(recv_until(link, kind_is("credit")))[0]["slot"] for _ in range(2)}
+        assert granted == {0, 1}
+        send_fragment(slot=1, seq=1)  # half a batch: the learner keeps training data in slot 1
+        deadline = time.time() + 1.5
+        while time.time() < deadline:
+            if link.poll(100):
+                assert not kind_is("credit")(link.recv_multipart()), "slot 1 came back before it was trained on"
+        send_fragment(slot=0, seq=2)  # the batch is full: one update, then both slots come back
+        granted = {decode(recv_until(link, kind_is("credit")))[0]["slot"] for _ in range(2)}
+        assert granted == {0, 1}
+        updates = 0
+        while updates < 1:
+            assert events.poll(20_000)
+            updates += unpack_header(events.recv()).get("updates", 0)
+    finally:
+        stop_role(process, control)
+        writer.close()

@@ -119,7 +119,9 @@ class SlotReader:
         candidate = Path(path)
         return candidate.name.startswith(self.allowed_prefix) and candidate.parent.resolve() == self.folder
 
-    def read(self, header: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def read(self, header: Mapping[str, Any], copy: bool = True) -> dict[str, np.ndarray]:
+        """The fragment's arrays: copies, or (`copy=False`) read-only views of the slot, valid until
+        the slot is granted to its actor again."""
         path, slot, slot_bytes = header.get("shm"), header.get("slot"), header.get("slot_bytes")
         if not self._is_ours(path):
             raise WireError(f"shared-memory path {path!r} is not one of this run's")
@@ -134,7 +136,7 @@ class SlotReader:
         out = {}
         for (name, dt, shape, nbytes), offset in zip(fields, offsets):
             view = np.frombuffer(buf, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset)
-            out[name] = view.reshape(shape).copy()
+            out[name] = view.reshape(shape).copy() if copy else view.reshape(shape)
         return out
 
     def _map_for(self, path: str, min_size: int) -> mmap.mmap:

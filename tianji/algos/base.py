@@ -11,6 +11,7 @@ An algorithm is an `AlgoSpec` found through `tianji.algos.get_algo`:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
@@ -76,7 +77,11 @@ class AlgoLearner(Protocol):
         """The optimizer's per-parameter state tensors, in place."""
 
     def add(self, fragment: Mapping[str, np.ndarray]) -> None:
-        """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras)."""
+        """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras). The arrays may be
+        read-only views of shared memory: never write them; copy what must outlive this call
+        unless `holds_fragments` is True (then they stay valid until the next update returns)."""
+
+    holds_fragments: bool  # optional, default False: `add` keeps the arrays until the next update
 
     def wants_data(self) -> bool:
         """False while the buffer is full; the runtime then leaves fragments (and credits) with actors."""
@@ -119,7 +124,12 @@ def resolve_device(device: str) -> torch.device:
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A batch for the learner's device: on CUDA through pinned host memory with a non-blocking copy.
     Pixels stay uint8 here (the network converts them)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if array.flags.writeable:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    else:  # a read-only view of a shared-memory slot, trained on in place and never written
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor
@@ -153,8 +163,11 @@ def mlp(sizes: list[int], activation: type[torch.nn.Module] = torch.nn.Tanh) -> 
 
 class OnPolicyBatches:
     """The buffer of an on-policy learner: at most one batch of `cfg.batch_fragments` fragments, so
-    that when the learner is busy back-pressure reaches the actors instead of stale data queueing."""
+    that when the learner is busy back-pressure reaches the actors instead of stale data queueing.
+    It keeps the fragments themselves until the update that trains on them (`holds_fragments`): the
+    runtime hands them over as views of the actors' shared memory and frees the slots afterwards."""
 
+    holds_fragments = True
     cfg: Any
     pending: list[Mapping[str, np.ndarray]]
     _samples_per_fragment: int = 0

@@ -254,6 +254,12 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
     reporter = LearnerReporter(learner, rank)
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
     credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
+    # Fragments are trained from the actors' slots, not copied out first: a slot goes back to its
+    # actor once the algorithm has copied what it keeps (replay) or once the update that trains on
+    # it returns (on-policy). Without back-pressure fragments wait in a backlog, so they are copied.
+    in_place = cfg.balance.backpressure
+    holds = getattr(learner.algo, "holds_fragments", False)
+    trained_in_slot: list[tuple[bytes, int]] = []  # (actor, slot) to free after the next update
 
     def weights_message() -> list[Any]:
         return encode({"kind": "weights", "version": learner.version, "epoch": epoch}, learner.weights())
@@ -276,14 +282,18 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
                 raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
             try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
                 if "shm" in header:
-                    arrays = reader.read(header)
+                    arrays = reader.read(header, copy=not in_place)
                 else:
                     arrays = decode(frames)[1]
                     reporter.fragments_in_frames += 1
                 fragment = fragment_from_header(header, arrays)
-            finally:  # read or rejected, the slot is the learner's again
+            except Exception:  # rejected: the slot is the learner's again
                 credits.release(identity, slot)
-            learner.consume(fragment)
+                raise
+            if learner.consume(fragment) and holds and in_place and "shm" in header:
+                trained_in_slot.append((identity, slot))
+            else:
+                credits.release(identity, slot)
         else:
             raise WireError(f"unexpected message kind {header['kind']!r}")
 
@@ -309,6 +319,9 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         try:
             if learner.ready():
                 learner.update()
+                for identity, slot in trained_in_slot:
+                    credits.release(identity, slot)
+                trained_in_slot.clear()
                 if learner.version % cfg.balance.publish_every == 0:
                     latest_weights, published = weights_message(), learner.version
                     publisher.send_multipart(latest_weights, copy=False)
