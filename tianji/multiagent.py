@@ -7,7 +7,7 @@ vector API with dict observations:
            "state": [k, s] float32,        # the global state (centralised critics, mixers)
            "avail_actions": [k, n, A] bool, # actions an agent may take now
            "active": [k, n] bool,          # the agent is still in the game (False: masked out)
-           "first": [k] bool}              # the first observation of an episode (recurrent policies reset)
+           "first": [k, 1] bool}           # the first observation of an episode (recurrent policies reset)
     obs, team_reward[k], terminated[k], truncated[k], info = envs.step(actions[k, n])
     info["won"]: [k] bool, the episode ended in a win (SMAC's measure)
 
@@ -131,7 +131,8 @@ def _quiet_single_core_jax() -> None:
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # compiled steps are kept on disk: a second actor, the evaluator and the next run skip the compile
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "tianji", "jax"))
+    cache = os.environ.get("TIANJI_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "tianji"))
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(cache, "jax"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
