@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
+from tianji.algos.base import NO_HOOK, Arrays, NetAndOptimizer, Placement, load_module_weights, resolve_device, to_device
 from tianji.algos.networks import make_trunk
 from tianji.config import DQNConfig
 from tianji.optim import Adam
@@ -183,7 +183,7 @@ class DQNPolicy:
 
 # ------------------------------------------------------------------ learner side
 
-class DQNLearner:
+class DQNLearner(NetAndOptimizer):
     def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -257,15 +257,6 @@ class DQNLearner:
                     target.lerp_(online, c.target_tau)
         elif self.updates % c.target_update_interval == 0:
             self.target.load_state_dict(self.net.state_dict())
-
-    def weights(self) -> Arrays:
-        return module_weights(self.net)
-
-    def parameters(self) -> list[torch.Tensor]:
-        return self.optimizer.params
-
-    def optimizer_moments(self) -> list[torch.Tensor]:
-        return self.optimizer.moments()
 
     def state_dict(self) -> dict[str, Any]:
         # the replay buffer is not checkpointed: it refills from actors in seconds and can be huge
