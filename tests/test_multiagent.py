@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch

@@ -1,13 +1,16 @@
-"""Our foreach Adam against torch.optim.Adam."""
+"""Our foreach Adam and RMSprop against torch.optim's and a NumPy reference; the schedule; the gradient step."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 import torch
 
-from tianji.optim import Adam
+from tianji.config import OptimizerConfig
+from tianji.optim import Adam, GradientStep, LinearDecay, RMSprop, lr_schedule, make_optimizer
 
 
 def make_net(seed: int) -> torch.nn.Module:
@@ -54,3 +57,89 @@ def test_does_not_import_dynamo():
             "n(torch.ones(1, 2)).sum().backward(); o.step(); print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def rmsprop_reference(params: list[np.ndarray], grads_per_step: list[list[np.ndarray]], lr: float, alpha: float,
+                      eps: float, momentum: float) -> list[np.ndarray]:
+    """RMSprop written out in NumPy (Tieleman & Hinton; torch.optim.RMSprop's non-centered form)."""
+    params = [p.astype(np.float64).copy() for p in params]
+    square = [np.zeros_like(p) for p in params]
+    buffers = [np.zeros_like(p) for p in params]
+    for grads in grads_per_step:
+        for i, g in enumerate(grads):
+            square[i] = alpha * square[i] + (1 - alpha) * g * g
+            step = g / (np.sqrt(square[i]) + eps)
+            buffers[i] = momentum * buffers[i] + step
+            params[i] -= lr * (buffers[i] if momentum > 0 else step)
+    return params
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_rmsprop_matches_numpy_reference(momentum):
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
+              torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)]
+    start = [p.detach().numpy().copy() for p in params]
+    optimizer = RMSprop(params, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
+    history = []
+    for _ in range(20):
+        grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        optimizer.step()
+        history.append([g.numpy() for g in grads])
+    expected = rmsprop_reference(start, history, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
+    for p, e in zip(params, expected):
+        np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-10, atol=1e-12)
+
+
+def test_rmsprop_matches_torch_rmsprop():
+    ours_net, ref_net = make_net(0), make_net(0)
+    ours = RMSprop(ours_net.parameters(), lr=1e-3, alpha=0.99, eps=0.01, momentum=0.5)
+    ref = torch.optim.RMSprop(ref_net.parameters(), lr=1e-3, alpha=0.99, eps=0.01, momentum=0.5)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(25):
+        x = torch.randn(32, 5, generator=gen)
+        for net, opt in ((ours_net, ours), (ref_net, ref)):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(ours_net.parameters(), ref_net.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_make_optimizer_from_config_and_state_of_another_optimizer_is_refused():
+    net = make_net(0)
+    adam = make_optimizer(net.parameters(), OptimizerConfig(name="adam", eps=1e-5), lr=1e-3)
+    rmsprop = make_optimizer(net.parameters(), OptimizerConfig(name="rmsprop", eps=0.01, alpha=0.9), lr=1e-3)
+    assert isinstance(adam, Adam) and adam.eps == 1e-5
+    assert isinstance(rmsprop, RMSprop) and (rmsprop.eps, rmsprop.alpha) == (0.01, 0.9)
+    with pytest.raises(ValueError, match="square_avg"):
+        rmsprop.load_state_dict(adam.state_dict())
+
+
+def test_linear_schedule_falls_to_zero_at_the_horizon_and_stays_there():
+    decay = LinearDecay(1000)
+    assert decay(0) == 1.0 and decay(250) == 0.75 and decay(1000) == 0.0 and decay(5000) == 0.0
+    assert lr_schedule("constant", None) is None
+    with pytest.raises(ValueError, match="lr_horizon"):
+        lr_schedule("linear", None)
+
+
+def test_gradient_step_clips_schedules_and_reports():
+    net = make_net(0)
+    step = GradientStep(Adam(net.parameters(), lr=1e-2), max_grad_norm=0.1, schedule=LinearDecay(100))
+
+    class CountingSync:
+        calls = 0
+
+        def gradients(self, params):
+            CountingSync.calls += 1
+
+    loss = net(torch.randn(16, 5)).pow(2).sum() * 100  # a gradient far over the clip
+    stats = step(loss, CountingSync(), env_steps=75)
+    assert stats["lr"] == pytest.approx(2.5e-3)
+    assert float(stats["grad_norm"]) > 0.1  # reported before clipping
+    clipped = torch.sqrt(sum(p.grad.pow(2).sum() for p in net.parameters()))
+    assert float(clipped) == pytest.approx(0.1, rel=1e-4)
+    assert CountingSync.calls == 1

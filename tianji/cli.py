@@ -47,8 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cores", type=int, default=None, help="plan for a machine with this many cores "
                       "(default: the cores available here)")
 
-    plot = sub.add_parser("plot", help="draw a run's learning curves into RUN_DIR/curve.png (needs matplotlib)")
-    plot.add_argument("run_dir", help="a run directory")
+    plot = sub.add_parser("plot", help="learning curves: one run into RUN_DIR/curve.png, several runs overlaid in "
+                          "one picture (needs matplotlib)")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    plot.add_argument("--out", help="where the picture of several runs goes (default: curves.png here)")
+    plot.add_argument("--title", help="title of the picture of several runs")
 
     evaluate = sub.add_parser("eval", help="play greedy episodes with a run's last checkpoint; print the score")
     evaluate.add_argument("run_dir", help="a run directory")
@@ -99,6 +102,17 @@ def _eval(args: argparse.Namespace) -> int:
           + (f", win rate {result['win_rate']:.0%}" if "win_rate" in result else ""))
     if "video" in result:
         print(f"video of the first episode: {result['video']}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from tianji.plot import plot_run, plot_runs
+
+    run_dirs = [Path(d) for d in args.run_dirs]
+    if len(run_dirs) == 1 and args.out is None:
+        print(plot_run(run_dirs[0]))
+    else:
+        print(plot_runs(run_dirs, Path(args.out or "curves.png"), args.title))
     return 0
 
 
@@ -154,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             return _eval(args)
         if args.command == "plot":
-            from tianji.plot import plot_run
-
-            print(plot_run(Path(args.run_dir)))
-            return 0
+            return _plot(args)
         return _plan(args) if args.command == "plan" else _train(args)
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -65,9 +65,45 @@ class EnvConfig(_Section):
         return f"env.id {self.id!r}" if self.id is not None else f"env.entry_point {self.entry_point!r}"
 
 
-class PPOConfig(_Section):
+class OptimizerConfig(_Section):
+    name: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (not centered) as in the IMPALA paper.")
+    eps: float = Field(1e-8, gt=0, description="Added to the root of the squared-gradient average. Losses are means "
+                       "over the batch: a reference that sums its loss over B samples used B times this eps.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adam: decay of the gradient average.")
+    beta2: float = Field(0.999, ge=0, lt=1, description="adam: decay of the squared-gradient average.")
+    alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop: decay of the squared-gradient average.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop: momentum.")
+
+
+class _Trained(_Section):
+    """Optimisation fields every algorithm shares (name and lr first: each algorithm sets them)."""
+
+    name: str
+    lr: float
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
+        "env steps (consumed by the learners).")
+    lr_horizon: int | None = Field(None, ge=1, description="Env steps over which a linear schedule reaches zero "
+                                   "(null: stop.max_env_steps).")
+
+
+def _adam_eps(eps: float) -> Any:
+    return Field(default_factory=lambda: OptimizerConfig(eps=eps), description="Optimizer.")
+
+
+ModelName = Literal["auto", "mlp", "cnn", "cnn_small"]
+MODEL_DESCRIPTION = ("Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
+                     "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
+                     "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU.")
+INIT_DESCRIPTION = ("Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
+                    "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01).")
+
+
+class PPOConfig(_Trained):
     name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    optimizer: OptimizerConfig = _adam_eps(1e-5)
+    lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
@@ -75,26 +111,26 @@ class PPOConfig(_Section):
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(4, ge=1, description="Passes over each batch.")
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch.")
+    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
+                                     "the actor's value estimate in the value loss (PPO2's value clipping; "
+                                     "null: no clipping).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: Literal["auto", "mlp", "cnn"] = Field(
-        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
-        "`hidden` layers otherwise.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
-class DQNConfig(_Section):
+class DQNConfig(_Trained):
     name: Literal["dqn"] = Field("dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy).")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")
     double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
     dueling: bool = Field(True, description="Dueling value/advantage heads.")
     hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
-    model: Literal["auto", "mlp", "cnn"] = Field(
-        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
-        "`hidden` layers otherwise.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
     buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
     learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
@@ -114,10 +150,10 @@ class DQNConfig(_Section):
     epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
 
 
-class IMPALAConfig(_Section):
+class IMPALAConfig(_Trained):
     name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
                                     "off-policy correction (tolerates policy lag).")
-    lr: float = Field(6e-4, gt=0, description="Adam learning rate.")
+    lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
     rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
@@ -127,15 +163,14 @@ class IMPALAConfig(_Section):
     max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
     batch_fragments: int = Field(1, ge=1, description="Fragments in one gradient step.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: Literal["auto", "mlp", "cnn"] = Field(
-        "auto", description="Network trunk: auto picks the Nature CNN for image observations and an MLP of "
-        "`hidden` layers otherwise.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
-class QMIXConfig(_Section):
+class QMIXConfig(_Trained):
     name: Literal["qmix"] = Field("qmix", description="Algorithm: QMIX, value decomposition for cooperative "
                                   "multi-agent envs (recurrent agents, monotonic mixer; off-policy).")
-    lr: float = Field(5e-4, gt=0, description="Adam learning rate.")
+    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")
     rnn_hidden: int = Field(64, ge=1, description="Width of the agent network's GRU.")
@@ -150,10 +185,11 @@ class QMIXConfig(_Section):
     epsilon_decay_steps: int = Field(50_000, ge=1, description="Env steps (per actor) over which epsilon anneals.")
 
 
-class MAPPOConfig(_Section):
+class MAPPOConfig(_Trained):
     name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
                                    "multi-agent envs with a centralised value (IPPO with centralised_value false).")
-    lr: float = Field(5e-4, gt=0, description="Adam learning rate.")
+    optimizer: OptimizerConfig = _adam_eps(1e-5)
+    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
@@ -161,6 +197,8 @@ class MAPPOConfig(_Section):
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(5, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
+    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
+                                     "the actor's value estimate in the value loss (null: no clipping).")
     max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
@@ -301,6 +339,17 @@ class Config(_Section):
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig,
                                            description="Role restarts and failure detection.")
     ray: RayConfig = Field(default_factory=RayConfig, description="The Ray launcher (--launcher ray).")
+
+    @model_validator(mode="after")
+    def _lr_horizon_from_stop(self) -> "Config":
+        """A linear schedule without its own horizon ends at stop.max_env_steps (resolved here, so that
+        config.yaml shows it)."""
+        if self.algo.lr_schedule == "linear" and self.algo.lr_horizon is None:
+            if self.stop.max_env_steps is None:
+                raise ValueError("algo.lr_schedule is 'linear' but neither algo.lr_horizon nor stop.max_env_steps "
+                                 "is set; set one of them")
+            object.__setattr__(self, "algo", self.algo.model_copy(update={"lr_horizon": self.stop.max_env_steps}))
+        return self
 
     @model_validator(mode="after")
     def _eval_target_needs_eval(self) -> "Config":

@@ -312,13 +312,16 @@ class Monitor:
 
 
 class _RowWriter:
-    """metrics.csv (columns fixed by the first row), metrics.jsonl (every key) and TensorBoard."""
+    """metrics.csv, metrics.jsonl and TensorBoard: every key of every row in all three. A metric that
+    first appears after the first row (train/ stats arrive with the first update) widens the CSV:
+    the file is rewritten once with the new header, earlier rows empty in the new columns."""
 
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.csv_path = run_dir / "metrics.csv"
         self._jsonl = open(run_dir / "metrics.jsonl", "a")
         self._csv_file = None
         self._csv = None
+        self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -328,15 +331,7 @@ class _RowWriter:
     def write(self, row: dict[str, float], lags: list[int]) -> None:
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
-        if self._csv is None:
-            exists = self.csv_path.exists() and self.csv_path.stat().st_size > 0
-            columns = _csv_columns(self.csv_path) if exists else list(row)
-            self._csv_file = open(self.csv_path, "a", newline="")
-            self._csv = csv.DictWriter(self._csv_file, fieldnames=columns, extrasaction="ignore")
-            if not exists:
-                self._csv.writeheader()
-        self._csv.writerow(row)
-        self._csv_file.flush()  # type: ignore[union-attr]
+        self._write_csv(row)
         if self._tb is not None:
             step = int(row["env_steps"])
             for key, value in row.items():
@@ -344,6 +339,29 @@ class _RowWriter:
                     self._tb.add_scalar(key, value, step)
             if lags:
                 self._tb.add_histogram("balance/policy_lag", np.asarray(lags), step)
+
+    def _write_csv(self, row: dict[str, float]) -> None:
+        new = [key for key in row if key not in self.columns]
+        if new or self._csv is None:
+            self._reopen_csv(self.columns + new)
+        self._csv.writerow(row)  # type: ignore[union-attr]
+        self._csv_file.flush()  # type: ignore[union-attr]
+
+    def _reopen_csv(self, columns: list[str]) -> None:
+        """Open the CSV for appending under `columns`, rewriting what it holds when they changed."""
+        if self._csv_file is not None:
+            self._csv_file.close()
+        if columns != self.columns:
+            rows = _csv_rows(self.csv_path)
+            tmp = self.csv_path.with_suffix(".csv.tmp")
+            with open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+            tmp.replace(self.csv_path)
+            self.columns = columns
+        self._csv_file = open(self.csv_path, "a", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns, extrasaction="ignore")
 
     def close(self) -> None:
         self._jsonl.close()
@@ -354,8 +372,17 @@ class _RowWriter:
 
 
 def _csv_columns(path: Path) -> list[str]:
+    if not path.exists() or path.stat().st_size == 0:
+        return []
     with open(path, newline="") as f:
-        return next(csv.reader(f))
+        return next(csv.reader(f), [])
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 class _ConsoleLine:
@@ -384,6 +411,7 @@ class _ConsoleLine:
         )
         if row["balance/replay_ratio"] == row["balance/replay_ratio"] and self.show_ratio:
             line += f" | rr {row['balance/replay_ratio']:.1f}"
+        line += _learning_signs(row)
         if self.tty:
             sys.stdout.write("\r" + line + "\033[K")
         else:
@@ -395,6 +423,16 @@ class _ConsoleLine:
         if self.enabled and self.tty and self._shown:
             sys.stdout.write("\n")
             sys.stdout.flush()
+
+
+LEARNING_SIGNS = (("train/entropy", "H", ".2f"), ("train/approx_kl", "kl", ".4f"),
+                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"))
+
+
+def _learning_signs(row: dict[str, float]) -> str:
+    """' | H 1.78 kl 0.0021 ev 0.31 |g| 0.42 lr 2.50e-04': is the policy moving? (what the algorithm reports)"""
+    parts = [f"{name} {row[key]:{spec}}" for key, name, spec in LEARNING_SIGNS if key in row and row[key] == row[key]]
+    return " | " + " ".join(parts) if parts else ""
 
 
 def _per_learner_updates(row: dict[str, float]) -> str:

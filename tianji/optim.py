@@ -1,42 +1,85 @@
-"""Adam with torch._foreach ops, numerically the default update of torch.optim.Adam.
+"""Optimizers with torch._foreach ops (numerically torch.optim's Adam and RMSprop), the learning-rate
+schedule, and the one gradient step every learner takes.
 
 Written here because constructing any torch.optim optimizer imports torch._dynamo, which costs
 1-2 s of start-up in every learner process (and in every calibration) before the first update.
 
-    optimizer = Adam(net.parameters(), lr=3e-4)
-    loss.backward(); optimizer.step(); optimizer.zero_grad()
+    optimizer = make_optimizer(net.parameters(), cfg.optimizer, lr=cfg.lr)       # Adam or RMSprop
+    step = GradientStep(optimizer, cfg.max_grad_norm, LinearDecay(cfg.lr_horizon))  # or None: constant
+    stats = step(loss, sync, env_steps)      # zero grads, backward, group sync, clip, lr, step
+    stats["grad_norm"], stats["lr"]
+
+Losses are means over a batch's valid steps, so `eps` and `max_grad_norm` are per-sample scales: a
+reference that sums its loss over B samples (the IMPALA paper: RMSprop eps 0.01, clip 40, B = 32 x 20)
+corresponds to eps / B and max_grad_norm / B here.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import torch
+from torch import nn
 
 
-class Adam:
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+class _Foreach:
+    """Parameters and named per-parameter state tensors (the moments a learner group may average)."""
+
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float):
         self.params = [p for p in params if p.requires_grad]
-        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
+        self.lr = lr
         self.steps = 0
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.state = {name: [torch.zeros_like(p) for p in self.params] for name in self.state_names}
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
+    def _with_grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+        """Parameters that have gradients, their gradients and their state tensors."""
+        present = [i for i, p in enumerate(self.params) if p.grad is not None]
+        params = [self.params[i] for i in present]
+        return params, [p.grad for p in params], {k: [v[i] for i in present] for k, v in self.state.items()}
+
+    def moments(self) -> list[torch.Tensor]:
+        """Every state tensor, in place (what a learner group may average)."""
+        return [t for name in self.state_names for t in self.state[name]]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, **{name: [t.clone() for t in self.state[name]] for name in self.state_names}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.state_names:
+            if name not in state or len(state[name]) != len(self.params):
+                found = len(state[name]) if name in state else "no"
+                raise ValueError(f"optimizer state has {found} {name!r} tensors, expected {len(self.params)} "
+                                 f"(a checkpoint of another optimizer?)")
+        self.steps = int(state["steps"])
+        with torch.no_grad():
+            for name in self.state_names:
+                for mine, saved in zip(self.state[name], state[name]):
+                    mine.copy_(saved)
+
+
+class Adam(_Foreach):
+    """torch.optim.Adam's default update (no weight decay, no amsgrad)."""
+
+    state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        super().__init__(params, lr)
+        (self.beta1, self.beta2), self.eps = betas, eps
+
     @torch.no_grad()
     def step(self) -> None:
-        params = [p for p in self.params if p.grad is not None]
+        params, grads, state = self._with_grads()
         if not params:
             return
-        index = {id(p): i for i, p in enumerate(self.params)}
-        grads = [p.grad for p in params]
-        m = [self.exp_avg[index[id(p)]] for p in params]
-        v = [self.exp_avg_sq[index[id(p)]] for p in params]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         self.steps += 1
         torch._foreach_lerp_(m, grads, 1 - self.beta1)
         torch._foreach_mul_(v, self.beta2)
@@ -47,18 +90,99 @@ class Adam:
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, m, denom, -step_size)
 
-    def moments(self) -> list[torch.Tensor]:
-        """First and second moments, in place (what a learner group may average)."""
-        return self.exp_avg + self.exp_avg_sq
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "exp_avg": [t.clone() for t in self.exp_avg],
-                "exp_avg_sq": [t.clone() for t in self.exp_avg_sq]}
+class RMSprop(_Foreach):
+    """torch.optim.RMSprop's update (not centered, no weight decay): a running mean of squared
+    gradients with decay `alpha`, eps added to its square root, optional momentum."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if len(state["exp_avg"]) != len(self.params):
-            raise ValueError(f"optimizer state has {len(state['exp_avg'])} tensors, expected {len(self.params)}")
-        self.steps = int(state["steps"])
-        with torch.no_grad():
-            for mine, saved in zip(self.exp_avg + self.exp_avg_sq, list(state["exp_avg"]) + list(state["exp_avg_sq"])):
-                mine.copy_(saved)
+    state_names = ("square_avg", "momentum_buffer")
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, alpha: float = 0.99, eps: float = 1e-8,
+                 momentum: float = 0.0):
+        super().__init__(params, lr)
+        self.alpha, self.eps, self.momentum = alpha, eps, momentum
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params, grads, state = self._with_grads()
+        if not params:
+            return
+        square_avg, buffers = state["square_avg"], state["momentum_buffer"]
+        self.steps += 1
+        torch._foreach_mul_(square_avg, self.alpha)
+        torch._foreach_addcmul_(square_avg, grads, grads, 1 - self.alpha)
+        denom = torch._foreach_sqrt(square_avg)
+        torch._foreach_add_(denom, self.eps)
+        if self.momentum > 0:
+            torch._foreach_mul_(buffers, self.momentum)
+            torch._foreach_addcdiv_(buffers, grads, denom)
+            torch._foreach_add_(params, buffers, alpha=-self.lr)
+        else:
+            torch._foreach_addcdiv_(params, grads, denom, -self.lr)
+
+
+Optimizer = Adam | RMSprop
+
+
+class OptimizerSettings(Protocol):  # tianji.config.OptimizerConfig
+    name: str
+    eps: float
+    beta1: float
+    beta2: float
+    alpha: float
+    momentum: float
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerSettings, lr: float) -> Optimizer:
+    if cfg.name == "adam":
+        return Adam(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if cfg.name == "rmsprop":
+        return RMSprop(params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
+    raise ValueError(f"algo.optimizer.name: unknown optimizer {cfg.name!r}; expected 'adam' or 'rmsprop'")
+
+
+class LinearDecay:
+    """The learning rate's factor: 1 at the start, falling linearly to 0 after `horizon` env steps."""
+
+    def __init__(self, horizon: int):
+        self.horizon = horizon
+
+    def __call__(self, env_steps: int) -> float:
+        return max(0.0, 1.0 - env_steps / self.horizon)
+
+
+def lr_schedule(schedule: str, horizon: int | None) -> LinearDecay | None:
+    """None for a constant learning rate."""
+    if schedule == "constant":
+        return None
+    if horizon is None:
+        raise ValueError("algo.lr_schedule 'linear' needs algo.lr_horizon or stop.max_env_steps")
+    return LinearDecay(horizon)
+
+
+class _Sync(Protocol):  # tianji.algos.base.GradientHook
+    def gradients(self, params: list[torch.Tensor]) -> None: ...
+
+
+class GradientStep:
+    """One optimizer step of a loss: zero the gradients, backward, the learner group's gradient sync,
+    clip the global norm, set the scheduled learning rate, step. Returns grad_norm (before clipping)
+    and the learning rate used."""
+
+    def __init__(self, optimizer: Optimizer, max_grad_norm: float, schedule: LinearDecay | None = None):
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.schedule = schedule
+        self.base_lr = optimizer.lr
+
+    def lr(self, env_steps: int) -> float:
+        return self.base_lr * (self.schedule(env_steps) if self.schedule is not None else 1.0)
+
+    def __call__(self, loss: torch.Tensor, sync: _Sync, env_steps: int = 0) -> dict[str, torch.Tensor | float]:
+        self.optimizer.zero_grad()
+        loss.backward()
+        sync.gradients(self.optimizer.params)
+        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.params, self.max_grad_norm, foreach=True)
+        self.optimizer.lr = self.lr(env_steps)
+        self.optimizer.step()
+        return {"grad_norm": grad_norm.detach(), "lr": self.optimizer.lr}

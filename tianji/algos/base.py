@@ -65,10 +65,11 @@ class AlgoLearner(Protocol):
     """Owns the buffer and the update; the runtime decides when to feed and train it.
 
     `sync` is set by the runtime (default NO_HOOK); an update calls `self.sync.gradients(params)`
-    after every backward(), before clipping and stepping.
+    after every backward(), before clipping and stepping (`tianji.optim.GradientStep` does all of it).
     """
 
     sync: GradientHook
+    env_steps: int  # set by the runtime before each update: env steps the learner group has consumed (schedules)
 
     def parameters(self) -> list[torch.Tensor]:
         """The trained parameters (what a learner group keeps in step)."""
@@ -135,6 +136,15 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
+def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - predicted) / Var(target): 1 for a perfect value function, 0 for a constant one,
+    negative when worse than a constant (NaN when the targets do not vary)."""
+    variance = target.float().var()
+    if target.numel() < 2 or variance <= 0:
+        return float("nan")
+    return float(1.0 - (target.float() - predicted.float()).var() / variance)
+
+
 def module_weights(module: torch.nn.Module) -> Arrays:
     return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
 
@@ -194,7 +204,7 @@ class NetAndOptimizer:
     """Weights, parameters and checkpoint state of a learner that trains one `net` with one `optimizer`."""
 
     net: torch.nn.Module
-    optimizer: Any  # tianji.optim.Adam
+    optimizer: Any  # tianji.optim.Adam or RMSprop
 
     def weights(self) -> Arrays:
         return module_weights(self.net)

@@ -17,7 +17,7 @@ from torch import nn
 from tianji.algos.base import NO_HOOK, Arrays, NetAndOptimizer, Placement, load_module_weights, resolve_device, to_device
 from tianji.algos.networks import make_trunk
 from tianji.config import DQNConfig
-from tianji.optim import Adam
+from tianji.optim import GradientStep, lr_schedule, make_optimizer
 from tianji.replay import PrioritizedReplay
 
 # ------------------------------------------------------------------ pure math
@@ -191,8 +191,10 @@ class DQNLearner(NetAndOptimizer):
         self.target = _make_net(cfg, obs_space, act_space).to(self.device)
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = Adam(self.net.parameters(), lr=cfg.lr)
+        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
+        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
         self.sync = NO_HOOK
+        self.env_steps = 0
         self.replay = PrioritizedReplay(cfg.buffer_capacity, {
             "obs": (obs_space.shape, obs_space.dtype),
             "next_obs": (obs_space.shape, obs_space.dtype),
@@ -237,17 +239,14 @@ class DQNLearner(NetAndOptimizer):
                                        next_q_online if c.double else next_q_target, next_q_target, c.double)
         q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
         loss, td = td_loss(q_taken, targets, to_device(weights, self.device))
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.sync.gradients(self.optimizer.params)
-        grad_norm = nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        step = self.step(loss, self.sync, self.env_steps)
         if c.prioritized:
             self.replay.update_priorities(idx, td.abs().cpu().numpy())
         self.updates += 1
         self._update_target()
         return {"loss": loss.item(), "q_mean": q_taken.mean().item(), "td_abs": float(td.abs().mean()),
-                "grad_norm": float(grad_norm), "beta": self._beta(), "replay_size": float(len(self.replay))}
+                "grad_norm": float(step["grad_norm"]), "lr": step["lr"], "beta": self._beta(),
+                "replay_size": float(len(self.replay))}
 
     def _update_target(self) -> None:
         c = self.cfg

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, NetAndOptimizer, OnPolicyBatches, Arrays, Placement, load_module_weights, mlp, resolve_device, to_device
+from tianji.algos.base import (NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, Placement, explained_variance,
+                               load_module_weights, mlp, resolve_device, to_device)
 from tianji.algos.ppo import compute_gae, ppo_loss
 from tianji.algos.qmix import NEG, _sizes, check_spaces
 from tianji.config import MAPPOConfig
-from tianji.optim import Adam
+from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 
 class SharedActorCritic(nn.Module):
@@ -123,36 +124,38 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
+        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
         self.sync = NO_HOOK
+        self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
-    def _advantages(self, f: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """GAE of the team reward per env (values [T, k]) or per agent (values [T, k, n]); -> [T, k, n]."""
+    def _advantages(self, f: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """GAE of the team reward per env (values [T, k]) or per agent (values [T, k, n]);
+        advantages, returns and the actor's values, each [T, k, n]."""
         T, k, n = f["action"].shape
         values = f["value"]
         if values.ndim == 2:
             adv, ret = compute_gae(f["reward"], values, f["bootstrap_value"], f["done"], f["terminated"],
                                    self.cfg.gamma, self.cfg.gae_lambda)
-            return np.repeat(adv[..., None], n, -1), np.repeat(ret[..., None], n, -1)
+            return tuple(np.repeat(x[..., None], n, -1) for x in (adv, ret, values))  # type: ignore[return-value]
         per_agent = [np.repeat(f[key][..., None], n, -1).reshape(T, k * n) for key in ("reward", "done", "terminated")]
         adv, ret = compute_gae(per_agent[0], values.reshape(T, k * n), f["bootstrap_value"].reshape(k * n),
                                per_agent[1], per_agent[2], self.cfg.gamma, self.cfg.gae_lambda)
-        return adv.reshape(T, k, n), ret.reshape(T, k, n)
+        return adv.reshape(T, k, n), ret.reshape(T, k, n), values
 
     def _batch(self) -> dict[str, torch.Tensor]:
         """The batch's fragments side by side on the env axis: time-major [T, K, ...] tensors (and each
         env's memory at the start, recurrent)."""
-        c = self.cfg
         fragments = self.take_batch()
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "state", "avail_actions", "action", "logp", "adv",
-                                                               "ret", "mask", "first")}
+                                                               "ret", "value", "mask", "first")}
         for f in fragments:
-            adv, ret = self._advantages(f)
+            adv, ret, values = self._advantages(f)
             mask = f["valid"][..., None] & f["active"].astype(bool)  # agent-steps that count
             for key, value in (("obs", f["obs"]), ("state", f["state"]), ("avail_actions", f["avail_actions"]),
                                ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret),
-                               ("mask", mask), ("first", f["first"])):
+                               ("value", values), ("mask", mask), ("first", f["first"])):
                 parts[key].append(value)
         batch = {key: to_device(np.concatenate(value, axis=1), self.device) for key, value in parts.items()}
         if self.cfg.recurrent:
@@ -185,7 +188,10 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
                 for key, value_ in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value_)
                 steps += 1
-        return {key: value / max(steps, 1) for key, value in totals.items()}
+        stats = {key: value / max(steps, 1) for key, value in totals.items()}
+        mask = b["mask"].bool()
+        stats["explained_variance"] = explained_variance(b["value"][mask], b["ret"][mask])
+        return stats
 
     def _unroll(self, b: dict[str, torch.Tensor], envs: torch.Tensor) -> torch.Tensor:
         """Logits [T * B, n, A] of the envs' sequences, from their stored memory, reset where an episode starts."""
@@ -207,10 +213,6 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
         loss, stats = ppo_loss(logp[mask], b["logp"][mask], b["adv"][mask], value[mask], b["ret"][mask], entropy[mask],
-                               self.cfg)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.sync.gradients(self.optimizer.params)
-        stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
-        self.optimizer.step()
+                               self.cfg, b["value"][mask])
+        stats.update(self.step(loss, self.sync, self.env_steps))
         return stats

@@ -17,12 +17,12 @@ from typing import Mapping
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
-from tianji.algos.base import NO_HOOK, NetAndOptimizer, OnPolicyBatches, Arrays, Placement, load_module_weights, resolve_device, to_device
+from tianji.algos.base import (NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, Placement, explained_variance,
+                               load_module_weights, resolve_device, to_device)
 from tianji.algos.networks import PolicyValueNet
 from tianji.config import PPOConfig
-from tianji.optim import Adam
+from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 # ------------------------------------------------------------------ pure math
 
@@ -63,15 +63,24 @@ def ppo_loss(
     returns: torch.Tensor,
     entropy: torch.Tensor,
     cfg: PPOConfig,
+    old_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + value loss - entropy bonus over one minibatch of valid steps."""
+    """Clipped surrogate + value loss - entropy bonus, each a mean over one minibatch of valid steps.
+
+    With `cfg.value_clip` (and the actor's `old_values`), the value loss is the larger of the plain
+    and the clipped squared error, the clipped prediction staying within value_clip of old_values.
+    """
     if cfg.normalize_advantages and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip, 1 + cfg.clip))
     policy_loss = surrogate.mean()
-    value_loss = 0.5 * (new_values - returns).pow(2).mean()
+    value_error = (new_values - returns).pow(2)
+    if cfg.value_clip is not None and old_values is not None:
+        clipped = old_values + (new_values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
+        value_error = torch.max(value_error, (clipped - returns).pow(2))
+    value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
     with torch.no_grad():
@@ -98,7 +107,7 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
 
 def make_net(cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
     check_spaces(obs_space, act_space)
-    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model)
+    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init)
 
 
 # ------------------------------------------------------------------ actor side
@@ -139,20 +148,23 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.optimizer = Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
+        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
         self.sync = NO_HOOK
+        self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
     def _batch(self) -> dict[str, torch.Tensor]:
         fragments = self.take_batch()
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "logp", "adv", "ret")}
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "logp", "value", "adv", "ret")}
         for f in fragments:
             adv, ret = compute_gae(
                 f["reward"], f["value"], f["bootstrap_value"], f["done"], f["terminated"],
                 self.cfg.gamma, self.cfg.gae_lambda,
             )
             valid = f["valid"].reshape(-1)
-            for key, arr in (("obs", f["obs"]), ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret)):
+            for key, arr in (("obs", f["obs"]), ("action", f["action"]), ("logp", f["logp"]), ("value", f["value"]),
+                             ("adv", adv), ("ret", ret)):
                 parts[key].append(arr.reshape(valid.shape[0], *arr.shape[2:])[valid])
         return {k: to_device(np.concatenate(v), self.device) for k, v in parts.items()}
 
@@ -167,13 +179,12 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
             for start in range(0, n - size + 1, size):
                 idx = order[start : start + size]
                 logp, entropy, value = self.net.evaluate(batch["obs"][idx], batch["action"][idx])
-                loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy, self.cfg)
-                self.optimizer.zero_grad()
-                loss.backward()
-                self.sync.gradients(self.optimizer.params)
-                stats["grad_norm"] = nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm).detach()
-                self.optimizer.step()
+                loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy,
+                                       self.cfg, batch["value"][idx])
+                stats.update(self.step(loss, self.sync, self.env_steps))
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + float(v)
                 steps += 1
-        return {k: v / max(steps, 1) for k, v in totals.items()}
+        stats = {k: v / max(steps, 1) for k, v in totals.items()}
+        stats["explained_variance"] = explained_variance(batch["value"], batch["ret"])
+        return stats

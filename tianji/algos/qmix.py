@@ -21,7 +21,7 @@ from torch import nn
 
 from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
 from tianji.config import QMIXConfig
-from tianji.optim import Adam
+from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 NEG = -1e9  # the value of an unavailable action
 
@@ -233,8 +233,10 @@ class QMIXLearner:
         self.target_agent = AgentRNN(obs_dim, n, n_actions, cfg.rnn_hidden).to(self.device)
         self.target_mixer = Mixer(n, state_dim, cfg.mixer_embed).to(self.device)
         self._sync_targets()
-        self.optimizer = Adam([*self.agent.parameters(), *self.mixer.parameters()], lr=cfg.lr)
+        self.optimizer = make_optimizer([*self.agent.parameters(), *self.mixer.parameters()], cfg.optimizer, cfg.lr)
+        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
         self.sync = NO_HOOK
+        self.env_steps = 0
         self.replay = SequenceReplay(cfg.buffer_sequences)
         self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
         self.updates = 0
@@ -294,16 +296,12 @@ class QMIXLearner:
         valid = b["valid"].transpose(0, 1).float()
         td = (q_tot - targets) * valid
         loss = td.pow(2).sum() / valid.sum().clamp(min=1.0)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.sync.gradients(self.optimizer.params)
-        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.params, c.max_grad_norm)
-        self.optimizer.step()
+        step = self.step(loss, self.sync, self.env_steps)
         self.updates += 1
         if self.updates % c.target_update_interval == 0:
             self._sync_targets()
         return {"loss": float(loss.detach()), "q_tot_mean": float((q_tot.detach() * valid).sum() / valid.sum().clamp(min=1.0)),
-                "grad_norm": float(grad_norm), "replay_sequences": float(len(self.replay))}
+                "grad_norm": float(step["grad_norm"]), "lr": step["lr"], "replay_sequences": float(len(self.replay))}
 
     def weights(self) -> Arrays:
         return module_weights(self.agent)

@@ -3,7 +3,6 @@ and the rate limiter of off-policy training."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field

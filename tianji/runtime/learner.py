@@ -37,6 +37,8 @@ class Learner:
         self.updates = 0
         self.samples_trained = 0
         self.fragments_consumed = 0
+        self.env_steps_consumed = 0  # in fragments taken (all learners of a group: about this x group_size)
+        self.group_size = 1
         self.busy_s = 0.0
         self.last_stats: dict[str, float] = {}
         self.backlog: deque[Fragment] = deque()  # only without back-pressure
@@ -64,6 +66,7 @@ class Learner:
             self.limiter.inserted(fragment.env_steps)
         self.algo.add(fragment.arrays)
         self.fragments_consumed += 1
+        self.env_steps_consumed += fragment.env_steps
         if self._version_at_last_admit is not None:
             step = self.version - self._version_at_last_admit
             self.versions_per_fragment += VERSIONS_EMA * (step - self.versions_per_fragment)
@@ -90,6 +93,7 @@ class Learner:
     def update(self) -> dict[str, float]:
         """One update (raises tianji.runtime.sync.GroupStopping when the learner group is stopping)."""
         start = time.perf_counter()
+        self.algo.env_steps = self.env_steps_consumed * self.group_size  # for the algorithm's schedules
         self.last_stats = self.algo.update()
         if self.sync is not None:
             self.sync.after_update(self.algo.parameters(), self.algo.optimizer_moments())
@@ -106,6 +110,7 @@ class Learner:
     def attach_sync(self, sync: Any) -> None:
         self.sync = sync
         self.algo.sync = sync
+        self.group_size = sync.world_size
 
     def poll_sync(self) -> None:
         """Apply a parameter average that completed while the learner was waiting for data."""
@@ -119,10 +124,11 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         return {"algo": self.algo.state_dict(), "version": self.version, "updates": self.updates,
-                "samples_trained": self.samples_trained}
+                "samples_trained": self.samples_trained, "env_steps_consumed": self.env_steps_consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])
         self.version = int(state["version"])
         self.updates = int(state["updates"])
         self.samples_trained = int(state["samples_trained"])
+        self.env_steps_consumed = int(state.get("env_steps_consumed", 0))  # absent before schedules existed

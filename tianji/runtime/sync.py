@@ -94,6 +94,7 @@ class NoSync:
     """One learner: nothing to synchronise."""
 
     stopped = False
+    world_size = 1
 
     def gradients(self, params: Sequence[torch.Tensor]) -> None:
         pass
