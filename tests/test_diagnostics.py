@@ -33,6 +33,8 @@ def jsonl_keys(run_dir: Path) -> set[str]:
      {"train/clip_frac"}),
     ("cartpole-impala", ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
      {"train/rho_mean", "train/rho_clipped"}),
+    ("cartpole-impala", ["algo.name=appo", "topology.actors=1", "topology.envs_per_actor=4",
+                         "topology.fragment_length=16"], {"train/clip_frac", "train/rho_mean", "train/rho_clipped"}),
     ("mpe-spread-mappo", [f"env.id={SPREAD}", "algo.epochs=1", "topology.actors=1", "topology.envs_per_actor=4",
                           "topology.fragment_length=25"], {"train/clip_frac"}),
 ])

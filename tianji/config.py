@@ -161,10 +161,38 @@ class IMPALAConfig(_Trained):
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments in one gradient step.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
+    minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
+                             "its samples (V-trace targets computed once per batch).")
+    epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
+    normalize_advantages: bool = Field(False, description="Normalise the V-trace advantages per gradient step.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
+
+
+class APPOConfig(_Trained):
+    name: Literal["appo"] = Field("appo", description="Algorithm: APPO, IMPALA's actors and V-trace targets with "
+                                  "PPO's clipped surrogate and several passes over each batch.")
+    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
+    optimizer: OptimizerConfig = _adam_eps(1e-5)
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
+    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
+    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range (the ratio to the behaviour policy).")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(2, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(2, ge=1, description="Minibatches (random samples of the batch) per pass.")
+    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
+                                     "its value before the update in the value loss (null: no clipping).")
+    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
+    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
 
 
 class QMIXConfig(_Trained):
@@ -211,7 +239,8 @@ class MAPPOConfig(_Trained):
     rnn_hidden: int = Field(64, ge=1, description="Width of the policy's GRU when recurrent.")
 
 
-AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig, QMIXConfig, MAPPOConfig], Field(discriminator="name")]
+AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig, APPOConfig, QMIXConfig, MAPPOConfig],
+                       Field(discriminator="name")]
 
 
 class TopologyConfig(_Section):

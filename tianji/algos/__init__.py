@@ -24,6 +24,14 @@ def _impala() -> AlgoSpec:
     return AlgoSpec("impala", IMPALAPolicy, IMPALALearner, check_spaces)
 
 
+def _appo() -> AlgoSpec:
+    from tianji.algos.appo import APPOLearner
+    from tianji.algos.impala import IMPALAPolicy
+    from tianji.algos.ppo import check_spaces
+
+    return AlgoSpec("appo", IMPALAPolicy, APPOLearner, check_spaces)
+
+
 def _qmix() -> AlgoSpec:
     from tianji.algos.qmix import QMIXLearner, QMIXPolicy, check_spaces
 
@@ -37,7 +45,7 @@ def _mappo() -> AlgoSpec:
     return AlgoSpec("mappo", MAPPOPolicy, MAPPOLearner, check_spaces)
 
 
-_FACTORIES = {"ppo": _ppo, "dqn": _dqn, "impala": _impala, "qmix": _qmix, "mappo": _mappo}
+_FACTORIES = {"ppo": _ppo, "dqn": _dqn, "impala": _impala, "appo": _appo, "qmix": _qmix, "mappo": _mappo}
 
 
 def get_algo(name: str) -> AlgoSpec:

@@ -1,5 +1,10 @@
-"""IMPALA (Espeholt et al., 2018): actor-critic trained in one pass on fragments made by older
-policies, corrected by V-trace (`tianji.algos.vtrace`). The algorithm that tolerates lag.
+"""IMPALA (Espeholt et al., 2018): actor-critic trained on fragments made by older policies,
+corrected by V-trace (`tianji.algos.vtrace`). The algorithm that tolerates lag.
+
+One gradient step per batch by default. With `minibatches` (and `epochs`), V-trace targets are
+computed once per batch and each step takes a random share of the batch's samples, from all its
+envs (more steps per sample; `epochs` > 1 passes over a batch again, as in the paper's experience
+replay, Section 5.2.2, with nothing to bound how far the policy moves: `appo` adds PPO's clip).
 
 The loss (`impala_loss`) is pure and tested; `IMPALAPolicy` runs in actors (it records the
 behaviour log-probs and the observation after the fragment), `IMPALALearner` in the learner,
@@ -8,7 +13,7 @@ which recomputes values and target log-probs with its current parameters.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -25,8 +30,12 @@ from tianji.optim import GradientStep, lr_schedule, make_optimizer
 def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,
                 entropy: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
-    the batch's valid steps (the IMPALA paper sums them; see tianji.optim for the equivalent settings)."""
-    policy_loss = -(advantages.detach() * target_logp).mean()
+    the batch's valid steps (the IMPALA paper sums them; see tianji.optim for the equivalent settings).
+    `cfg.normalize_advantages` scales the advantages to zero mean and unit deviation first."""
+    advantages = advantages.detach()
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = -(advantages * target_logp).mean()
     value_loss = 0.5 * (vs.detach() - values).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
@@ -54,6 +63,10 @@ class IMPALAPolicy(PPOPolicy):
 
 
 class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
+    """One batch, one gradient step (V-trace computed in the same forward pass), unless `minibatches`
+    or `epochs` ask for more: then V-trace targets are computed once per batch with the current
+    parameters and the steps take random samples of the batch's valid steps, from every env."""
+
     def __init__(self, cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -64,30 +77,94 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
-    def _tensor(self, key: str, fragments: list[Mapping[str, np.ndarray]], axis: int = 1) -> torch.Tensor:
-        """Fragments side by side on the env axis ([T, k1 + k2, ...]); uint8 stays uint8 until the net."""
-        array = np.concatenate([f[key] for f in fragments], axis=axis) if len(fragments) > 1 else fragments[0][key]
-        return to_device(array, self.device)
-
     def update(self) -> dict[str, float]:
+        batch = time_major_batch(self.take_batch(), self.device)
+        if self.cfg.minibatches == 1 and self.cfg.epochs == 1:
+            return self._single_pass(batch)
+        samples, diagnostics = vtrace_targets(self.net, batch, self.cfg)
+        return {**minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
+                **diagnostics}
+
+    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
+        loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg)
+        stats["approx_kl"] = approx_kl(logp.detach() - b["logp"])
+        return loss, stats
+
+    def _single_pass(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One gradient step on the whole batch: V-trace from the same forward pass as the loss."""
         c = self.cfg
-        fragments = self.take_batch()
-        obs, action = self._tensor("obs", fragments), self._tensor("action", fragments)
-        behaviour_logp = self._tensor("logp", fragments)
+        obs, action = b["obs"], b["action"]
         T, k = action.shape[:2]
         logp, entropy, values = self.net.evaluate(obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:]))
         logp, entropy, values = logp.reshape(T, k), entropy.reshape(T, k), values.reshape(T, k)
         with torch.no_grad():
-            bootstrap = self.net.value(self._tensor("last_obs", fragments, axis=0))
-        vs, advantages = vtrace(behaviour_logp, logp.detach(), self._tensor("reward", fragments).float(),
-                                values.detach(), bootstrap, self._tensor("done", fragments),
-                                self._tensor("terminated", fragments), c.gamma, c.vtrace_lambda, c.rho_bar, c.c_bar)
-        valid = self._tensor("valid", fragments).bool()
+            bootstrap = self.net.value(b["last_obs"])
+        vs, advantages = vtrace(b["logp"], logp.detach(), b["reward"].float(), values.detach(), bootstrap, b["done"],
+                                b["terminated"], c.gamma, c.vtrace_lambda, c.rho_bar, c.c_bar)
+        valid = b["valid"].bool()
         loss, stats = impala_loss(logp[valid], advantages[valid], values[valid], vs[valid], entropy[valid], c)
         stats.update(self.step(loss, self.sync, self.env_steps))
-        stats.update(vtrace_diagnostics(behaviour_logp[valid], logp.detach()[valid], c.rho_bar))
+        stats.update(vtrace_diagnostics(b["logp"][valid], logp.detach()[valid], c.rho_bar))
         stats["explained_variance"] = explained_variance(values.detach()[valid], vs[valid])
         return {key: float(value) for key, value in stats.items()}
+
+
+@torch.no_grad()
+def vtrace_targets(net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAConfig
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The batch's valid steps as flat samples (observation, action, behaviour log-prob, value now,
+    V-trace target and advantage) from one forward pass with the current parameters, and how far
+    that policy is from the actors' (rho, explained variance)."""
+    obs, action = b["obs"], b["action"]
+    T, k = action.shape[:2]
+    logp, _, values = net.evaluate(obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:]))
+    logp, values = logp.reshape(T, k), values.reshape(T, k)
+    vs, advantages = vtrace(b["logp"], logp, b["reward"].float(), values, net.value(b["last_obs"]), b["done"],
+                            b["terminated"], cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
+    valid = b["valid"].bool()
+    behaviour = vtrace_diagnostics(b["logp"][valid], logp[valid], cfg.rho_bar)
+    diagnostics = {"rho_mean": behaviour["rho_mean"], "rho_clipped": behaviour["rho_clipped"],
+                   "explained_variance": explained_variance(values[valid], vs[valid])}
+    samples = {"obs": obs[valid], "action": action[valid], "logp": b["logp"][valid], "value": values[valid],
+               "vs": vs[valid], "adv": advantages[valid]}
+    return samples, diagnostics
+
+
+def minibatch_steps(samples: dict[str, torch.Tensor], cfg: Any, loss_of: Callable, step: GradientStep, sync: Any,
+                    env_steps: int) -> dict[str, float]:
+    """`cfg.epochs` passes of `cfg.minibatches` gradient steps on random samples; mean stats."""
+    n = samples["adv"].shape[0]
+    size = max(1, n // cfg.minibatches)
+    totals: dict[str, float] = {}
+    steps = 0
+    for _ in range(cfg.epochs):
+        order = torch.randperm(n, device=samples["adv"].device)
+        for start in range(0, n - size + 1, size):
+            loss, stats = loss_of({key: value[order[start:start + size]] for key, value in samples.items()})
+            stats.update(step(loss, sync, env_steps))
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+            steps += 1
+    return {key: value / max(steps, 1) for key, value in totals.items()}
+
+
+def approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+    """KL(mu || pi) estimated from log(pi / mu) of the actions taken: (r - 1) - log r."""
+    return ((log_ratio.exp() - 1) - log_ratio).mean()
+
+
+TIME_MAJOR = ("obs", "action", "logp", "reward", "done", "terminated", "valid")
+
+
+def time_major_batch(fragments: list[Mapping[str, np.ndarray]], device: torch.device) -> dict[str, torch.Tensor]:
+    """Fragments side by side on the env axis ([T, k1 + k2, ...]) and the observations after them
+    (`last_obs`, [k1 + k2, ...]); uint8 stays uint8 until the net."""
+    def joined(key: str, axis: int) -> torch.Tensor:
+        arrays = [f[key] for f in fragments]
+        return to_device(np.concatenate(arrays, axis=axis) if len(arrays) > 1 else arrays[0], device)
+
+    return {**{key: joined(key, 1) for key in TIME_MAJOR}, "last_obs": joined("last_obs", 0)}
 
 
 def vtrace_diagnostics(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
@@ -96,4 +173,4 @@ def vtrace_diagnostics(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, 
     log_ratio = target_logp - behaviour_logp
     ratio = log_ratio.exp()
     return {"rho_mean": float(ratio.mean()), "rho_clipped": float((ratio > rho_bar).float().mean()),
-            "approx_kl": float(((ratio - 1) - log_ratio).mean())}
+            "approx_kl": float(approx_kl(log_ratio))}

@@ -1,0 +1,117 @@
+"""Every preset to its target, several seeds each: the table rl-baselines3-zoo users look for.
+
+    python benchmarks/zoo.py [PRESET ...] [--seeds 3] [--max-minutes M] [--set key=value ...]
+                             [--keep-runs DIR] [--replace]
+
+Each run is `tianji train PRESET --set seed=S` as a fresh command, timed from the command's start
+(imports, process start-up and JIT compiles included), until the preset's own target or its own
+time limit (or --max-minutes, whichever is shorter). Results are merged by preset into
+benchmarks/results/zoo.json (so Pong can be measured in a separate, longer sitting) and the whole
+table is written to benchmarks/results/zoo.md:
+
+    preset | target | seeds reaching it | median time to target | median env steps | env steps/s | machine
+
+Medians are over the seeds that reached the target; env steps/s is the median over all seeds of
+env steps / wall time. Run one benchmark at a time on a machine: they compete for the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+from common import run_tianji
+
+from tianji.config import load_config, preset_names
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or platform.machine())
+    return f"{len(os.sched_getaffinity(0))} cores, {model}"
+
+
+def describe_target(preset: str) -> str:
+    stop = load_config(preset).stop
+    metric = {"train": "mean100", "eval": "greedy eval", "eval_win_rate": "greedy win rate"}[stop.target_metric]
+    return f"{metric} >= {stop.target_return:g}" + (f" in {stop.max_wall_time_s / 60:g} min" if stop.max_wall_time_s else "")
+
+
+def summarize(preset: str, runs: list[dict]) -> dict:
+    reached = [r for r in runs if r["target_reached"]]
+    median = (lambda key: statistics.median(r[key] for r in reached) if reached else None)
+    return {
+        "preset": preset,
+        "target": describe_target(preset),
+        "seeds": len(runs),
+        "reached": len(reached),
+        "median_time_to_target_s": median("time_to_target_s"),
+        "median_env_steps_to_target": median("env_steps_to_target"),
+        "env_steps_per_s": statistics.median(r["env_steps"] / r["wall_time_s"] for r in runs),
+        "machine": machine(),
+        "date": datetime.date.today().isoformat(),
+        "runs": [{key: r.get(key) for key in ("seed", "target_reached", "time_to_target_s", "env_steps_to_target",
+                                               "return_at_target", "final_return_mean100", "final_eval_return_mean",
+                                               "final_eval_win_rate", "env_steps", "wall_time_s", "stop_reason")}
+                 for r in runs],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| preset | target | seeds reaching it | median time to target | median env steps | env steps/s | machine |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        times = ", ".join(f"{r['time_to_target_s']:.0f}" if r["target_reached"] else "-" for r in row["runs"])
+        time = f"{row['median_time_to_target_s']:.0f} s ({times})" if row["reached"] else f"- ({times})"
+        steps = f"{row['median_env_steps_to_target'] / 1e6:.2f}M" if row["reached"] else "-"
+        lines.append(f"| `{row['preset']}` | {row['target']} | {row['reached']}/{row['seeds']} | {time} | {steps} | "
+                     f"{row['env_steps_per_s']:,.0f} | {row['machine']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("presets", nargs="*", help="presets to run (default: every preset)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=None, help="cap every run's wall time")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="an override for every run")
+    parser.add_argument("--keep-runs", help="keep the run directories here (default: a temporary folder)")
+    parser.add_argument("--out", default=str(RESULTS / "zoo"), help="results path without suffix")
+    parser.add_argument("--replace", action="store_true", help="drop earlier results of presets not run now")
+    args = parser.parse_args()
+    presets = args.presets or preset_names()
+    out = Path(args.out)
+    saved = {} if args.replace or not out.with_suffix(".json").exists() else {
+        row["preset"]: row for row in json.loads(out.with_suffix(".json").read_text())}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep_runs or tmp)
+        for preset in presets:
+            runs = []
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                overrides = list(args.overrides)
+                if args.max_minutes is not None:
+                    limit = load_config(preset).stop.max_wall_time_s or float("inf")
+                    overrides.append(f"stop.max_wall_time_s={min(limit, args.max_minutes * 60)}")
+                summary = run_tianji(preset, root / f"{preset}-seed{seed}", seed, overrides)
+                runs.append({**summary, "seed": seed})
+                reached = f"{summary['time_to_target_s']:.0f} s" if summary["target_reached"] else "not reached"
+                print(f"{preset} seed {seed}: {reached}, {summary['env_steps']:,} env steps", flush=True)
+            saved[preset] = summarize(preset, runs)
+            rows = [saved[name] for name in sorted(saved)]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+            out.with_suffix(".md").write_text(markdown(rows))
+    print(markdown([saved[name] for name in sorted(saved)]))
+
+
+if __name__ == "__main__":
+    main()
