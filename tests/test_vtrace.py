@@ -80,3 +80,26 @@ def test_truncated_trace_levels_limit_the_correction():
     _, adv = run(f, gamma=0.99, rho_bar=1.0, c_bar=1.0)
     _, adv_loose = run(f, gamma=0.99, rho_bar=100.0, c_bar=100.0)
     assert np.abs(adv).max() < np.abs(adv_loose).max()
+
+
+def _policy_gradient(advantages: torch.Tensor, advantage_norm: str) -> torch.Tensor:
+    from tianji.algos.impala import impala_loss
+    from tianji.config import IMPALAConfig
+
+    logits = torch.zeros(len(advantages), 3, requires_grad=True)
+    logp = torch.log_softmax(logits, -1)[:, 0]
+    zeros = torch.zeros(len(advantages))
+    loss, _ = impala_loss(logp, advantages, zeros, zeros, zeros,
+                          IMPALAConfig(advantage_norm=advantage_norm, value_coef=0.0, entropy_coef=0.0))
+    loss.backward()
+    return logits.grad
+
+
+def test_centered_advantages_ignore_a_shift_and_standard_ones_a_scale():
+    advantages = torch.tensor([0.3, -1.0, 0.1, 0.5])
+    raw, shifted = _policy_gradient(advantages, "none"), _policy_gradient(advantages + 2.0, "none")
+    assert not torch.allclose(raw, shifted)  # the paper's loss pushes every action taken when all advantages rise
+    torch.testing.assert_close(_policy_gradient(advantages, "center"), _policy_gradient(advantages + 2.0, "center"))
+    torch.testing.assert_close(_policy_gradient(advantages, "standard"), _policy_gradient(3 * advantages + 2, "standard"))
+    centered = _policy_gradient(advantages, "center")
+    torch.testing.assert_close(centered, _policy_gradient(advantages - advantages.mean(), "none"))

@@ -165,7 +165,10 @@ class IMPALAConfig(_Trained):
     minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
                              "its samples (V-trace targets computed once per batch).")
     epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
-    normalize_advantages: bool = Field(False, description="Normalise the V-trace advantages per gradient step.")
+    advantage_norm: Literal["none", "center", "standard"] = Field(
+        "none", description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
+        "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
+        "taken), standard (also divide by their deviation, as PPO does).")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)

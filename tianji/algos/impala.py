@@ -31,10 +31,12 @@ def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: tor
                 entropy: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
     the batch's valid steps (the IMPALA paper sums them; see tianji.optim for the equivalent settings).
-    `cfg.normalize_advantages` scales the advantages to zero mean and unit deviation first."""
+    `cfg.advantage_norm`: center subtracts the advantages' mean first, standard also divides by their deviation."""
     advantages = advantages.detach()
-    if cfg.normalize_advantages and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if cfg.advantage_norm != "none" and advantages.numel() > 1:
+        advantages = advantages - advantages.mean()
+        if cfg.advantage_norm == "standard":
+            advantages = advantages / (advantages.std() + 1e-8)
     policy_loss = -(advantages * target_logp).mean()
     value_loss = 0.5 * (vs.detach() - values).pow(2).mean()
     entropy_mean = entropy.mean()
