@@ -1,6 +1,6 @@
 """Pong throughput on this machine, every rate measured in one run on the same cores:
 
-    python benchmarks/atari_throughput.py [--preset pong-impala] [--seconds 20] [--set key=value ...]
+    python benchmarks/atari_throughput.py [--preset pong-ppo] [--seconds 20] [--set key=value ...]
 
 1. raw ale-py vector env steps/s with random actions (one thread, the preset's envs per actor);
 2. one actor: env steps/s with policy inference, fragments collected (one core);
@@ -89,7 +89,7 @@ def end_to_end_rate(preset: str, overrides: list[str], seconds: float) -> tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="pong-impala")
+    parser.add_argument("--preset", default="pong-ppo")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per measurement")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     args = parser.parse_args()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tianji.algos.networks import NatureCNN, PolicyValueNet, choose_model
-from tianji.config import ConfigError, build_config, load_config
+from tianji.config import ConfigError, apply_overrides, build_config, load_config, load_raw
 from tianji.envs import make_vector_env
 from tianji.runtime.build import build_actor, build_learner
 from tianji.runtime.run import train
@@ -75,13 +75,22 @@ def test_atari_needs_its_extra_and_names_the_game(monkeypatch):
         make_vector_env(build_config({"env": {"id": "ALE/Pong-v5"}}).env, 1)
 
 
-def test_pong_impala_runs_end_to_end_with_the_real_emulator(tmp_path):
+IMPALA_PONG = {"name": "impala", "model": "cnn_small", "init": "orthogonal"}
+
+
+@pytest.mark.parametrize("algo, learners", [(None, 1), (IMPALA_PONG, 2)])
+def test_pong_runs_end_to_end_with_the_real_emulator(algo, learners, tmp_path):
+    """pong-ppo as it is, and IMPALA on the same frames with a group of two learners."""
     pytest.importorskip("ale_py")
-    cfg = load_config("pong-impala", [f"logging.run_root={tmp_path}", "logging.console=false",
-                                      "stop.target_return=null", "stop.max_env_steps=2560",
-                                      "topology.envs_per_actor=8", "topology.fragment_length=20"])
+    raw = load_raw("pong-ppo")
+    if algo is not None:
+        raw["algo"] = algo
+    raw = apply_overrides(raw, [f"logging.run_root={tmp_path}", "logging.console=false", "stop.target_return=null",
+                                "stop.max_env_steps=2560", "topology.envs_per_actor=8", "topology.fragment_length=20",
+                                f"topology.learners={learners}"])
+    cfg = build_config(raw)
     envs = make_vector_env(cfg.env, 2)
-    assert envs.single_observation_space.shape == (4, 84, 84) and envs.single_observation_space.dtype == np.uint8
+    assert envs.single_observation_space.shape == (4, 42, 42) and envs.single_observation_space.dtype == np.uint8
     envs.close()
     run_dir, summary = train(cfg, "local")
     assert summary["env_steps"] >= 2560 and summary["updates"] >= 1 and summary["fragments_dropped"] == 0

@@ -1,7 +1,7 @@
 """`tianji eval RUN_DIR`: play greedy episodes with a run's last checkpoint, print the score, and
 optionally record the first episode as a video (MP4 or GIF).
 
-    result = evaluate_run(Path("runs/pong-impala-..."), episodes=10, video=Path("pong.mp4"))
+    result = evaluate_run(Path("runs/pong-ppo-..."), episodes=10, video=Path("pong.mp4"))
     # {"episodes": 10, "mean": ..., "std": ..., "min": ..., "max": ..., "returns": [...], "video": ...}
 """
 

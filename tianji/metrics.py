@@ -426,7 +426,8 @@ class _ConsoleLine:
 
 
 LEARNING_SIGNS = (("train/entropy", "H", ".2f"), ("train/approx_kl", "kl", ".4f"),
-                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"))
+                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"),
+                  ("train/dead_units", "dead", ".0%"))
 
 
 def _learning_signs(row: dict[str, float]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tianji.algos.impala import IMPALALearner, minibatch_steps, time_major_batch, vtrace_targets
+from tianji.algos.networks import trunk_health
 from tianji.algos.ppo import ppo_loss
 
 
@@ -20,7 +21,7 @@ class APPOLearner(IMPALALearner):
     def update(self) -> dict[str, float]:
         samples, diagnostics = vtrace_targets(self.net, time_major_batch(self.take_batch(), self.device), self.cfg)
         return {**minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
-                **diagnostics}
+                **diagnostics, **trunk_health(self.net)}
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from tianji.algos.base import NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, explained_variance, resolve_device, to_device
-from tianji.algos.networks import PolicyValueNet
+from tianji.algos.networks import PolicyValueNet, trunk_health
 from tianji.algos.ppo import PPOPolicy, check_spaces
 from tianji.algos.vtrace import vtrace
 from tianji.config import IMPALAConfig
@@ -85,7 +85,7 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
             return self._single_pass(batch)
         samples, diagnostics = vtrace_targets(self.net, batch, self.cfg)
         return {**minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
-                **diagnostics}
+                **diagnostics, **trunk_health(self.net)}
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
@@ -109,7 +109,7 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
         stats.update(self.step(loss, self.sync, self.env_steps))
         stats.update(vtrace_diagnostics(b["logp"][valid], logp.detach()[valid], c.rho_bar))
         stats["explained_variance"] = explained_variance(values.detach()[valid], vs[valid])
-        return {key: float(value) for key, value in stats.items()}
+        return {**{key: float(value) for key, value in stats.items()}, **trunk_health(self.net)}
 
 
 @torch.no_grad()

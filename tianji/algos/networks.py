@@ -136,7 +136,16 @@ class PolicyValueNet(nn.Module):
                 last_linear(self.pi).bias.zero_()
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.body(obs) if self.shared else self.flat(obs)
+        if not self.shared:
+            return self.flat(obs)
+        features = self.body(obs)
+        if torch.is_grad_enabled():  # training: how much of the trunk is still alive
+            self.dead_units = float((features <= 0).all(0).float().mean())
+        return features
+
+    dead_units: float | None = None
+    """Share of the CNN trunk's output units that were zero on every sample of the last training
+    forward pass (ReLU units that died get no gradient again: a trunk that dies stops learning)."""
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.v(self._features(obs)).squeeze(-1)
@@ -172,3 +181,8 @@ class PolicyValueNet(nn.Module):
     def _gaussian_logp(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         z = (action - mean) / self.log_std.exp()
         return (-0.5 * z.pow(2) - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+
+def trunk_health(net: PolicyValueNet) -> dict[str, float]:
+    """{"dead_units": ...} for a CNN trunk that has trained, nothing otherwise."""
+    return {} if net.dead_units is None else {"dead_units": net.dead_units}

@@ -20,7 +20,7 @@ import torch
 
 from tianji.algos.base import (NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, Placement, explained_variance,
                                load_module_weights, resolve_device, to_device)
-from tianji.algos.networks import PolicyValueNet
+from tianji.algos.networks import PolicyValueNet, trunk_health
 from tianji.config import PPOConfig
 from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
@@ -187,4 +187,4 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
                 steps += 1
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
         stats["explained_variance"] = explained_variance(batch["value"], batch["ret"])
-        return stats
+        return {**stats, **trunk_health(self.net)}
