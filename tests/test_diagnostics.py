@@ -37,6 +37,8 @@ def jsonl_keys(run_dir: Path) -> set[str]:
                          "topology.fragment_length=16"], {"train/clip_frac", "train/rho_mean", "train/rho_clipped"}),
     ("mpe-spread-mappo", [f"env.id={SPREAD}", "algo.epochs=1", "topology.actors=1", "topology.envs_per_actor=4",
                           "topology.fragment_length=25"], {"train/clip_frac"}),
+    ("catch-impala", ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+     {"train/rho_mean", "train/dead_units"}),
 ])
 def test_policy_gradient_diagnostics_reach_the_csv(preset, overrides, specific, tmp_path):
     cfg = load_config(preset, [*overrides, "stop.target_return=null", "stop.max_env_steps=3000",

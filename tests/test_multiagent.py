@@ -213,12 +213,31 @@ def test_eval_win_rate_target_needs_evaluation():
         load_config("smax-3m-qmix", ["eval.interval_s=null"])
 
 
+# The untrained greedy policy of either algorithm wins none of its 3m games (measured once: 5 seeds x
+# 32 greedy episodes each, MAPPO 0.0 and QMIX 0.0), so a bar well above zero means it learned.
+UNTRAINED_WIN_RATE_3M = 0.0
+# Bars that each preset passes with a margin on the 2-core CI machine (see the closing note of issue 16).
+MAPPO_BAR, MAPPO_SECONDS = 0.5, 170
+QMIX_BAR, QMIX_SECONDS = 0.5, 200
+
+
 @pytest.mark.slow
 def test_mappo_wins_smax_3m(tmp_path):
-    """A learning test on the StarCraft maps that fits CI: MAPPO wins half of its greedy 3m games."""
-    summary = run_cli("smax-3m-mappo", "--run-dir", str(tmp_path / "run"), "--set", "stop.target_return=0.5",
-                      "--set", "stop.max_wall_time_s=170", timeout=230)
+    """MAPPO learns the StarCraft map 3m: greedy win rate MAPPO_BAR within MAPPO_SECONDS."""
+    summary = run_cli("smax-3m-mappo", "--run-dir", str(tmp_path / "run"), "--set", f"stop.target_return={MAPPO_BAR}",
+                      "--set", f"stop.max_wall_time_s={MAPPO_SECONDS}", timeout=MAPPO_SECONDS + 60)
     assert summary["target_reached"], summary
+    assert summary["return_at_target"] >= MAPPO_BAR > UNTRAINED_WIN_RATE_3M
+
+
+@pytest.mark.slow
+def test_qmix_wins_smax_3m(tmp_path):
+    """QMIX learns 3m too (its other tests only check that updates happen): greedy win rate QMIX_BAR
+    within QMIX_SECONDS."""
+    summary = run_cli("smax-3m-qmix", "--run-dir", str(tmp_path / "run"), "--set", f"stop.target_return={QMIX_BAR}",
+                      "--set", f"stop.max_wall_time_s={QMIX_SECONDS}", timeout=QMIX_SECONDS + 60)
+    assert summary["target_reached"], summary
+    assert summary["return_at_target"] >= QMIX_BAR > UNTRAINED_WIN_RATE_3M
 
 
 @pytest.mark.parametrize("overrides", [["algo.recurrent=true"], ["algo.centralised_value=false"]])

@@ -105,6 +105,28 @@ def test_impala_learns_a_pixel_game(tmp_path):
     assert summary["return_at_target"] >= 0.8
 
 
+def test_dead_units_counts_trunk_outputs_that_are_zero_on_every_frame():
+    space = gym.spaces.Box(0, 255, (4, 42, 42), np.uint8)
+    net = PolicyValueNet(space, gym.spaces.Discrete(6), [], "cnn_small", "orthogonal")
+    frames = torch.randint(0, 256, (8, 4, 42, 42), dtype=torch.uint8)
+    assert net.dead_units is None, "nothing trained yet"
+    net.value(frames)
+    assert 0.0 <= net.dead_units < 0.5, "a fresh orthogonal trunk is mostly alive"
+    fc = net.body.fc[0]
+    with torch.no_grad():
+        fc.bias[:] = 1e6  # every unit fires
+    net.value(frames)
+    assert net.dead_units == 0.0
+    with torch.no_grad():
+        fc.bias[: fc.out_features // 4] = -1e6  # a quarter of the units can never fire
+    net.value(frames)
+    assert net.dead_units == 0.25
+    with torch.no_grad():
+        fc.bias[:] = -1e6
+        net.value(frames)  # acting (no gradient) leaves the training figure alone
+    assert net.dead_units == 0.25
+
+
 def test_learner_device_auto_is_the_cpu_here_and_cuda_must_exist():
     from tianji.algos.base import resolve_device
 

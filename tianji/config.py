@@ -150,18 +150,25 @@ class DQNConfig(_Trained):
     epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
 
 
-class IMPALAConfig(_Trained):
-    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
-                                    "off-policy correction (tolerates policy lag).")
-    lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
+class _VTrace(_Trained):
+    """What IMPALA and APPO share: V-trace targets, the loss weights and the network."""
+
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
     rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
     c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
-    max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+
+
+class IMPALAConfig(_VTrace):
+    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
+                                    "off-policy correction (tolerates policy lag).")
+    lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
+    max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
     minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
                              "its samples (V-trace targets computed once per batch).")
     epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
@@ -169,32 +176,21 @@ class IMPALAConfig(_Trained):
         "none", description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
         "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
         "taken), standard (also divide by their deviation, as PPO does).")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
-class APPOConfig(_Trained):
+class APPOConfig(_VTrace):
     name: Literal["appo"] = Field("appo", description="Algorithm: APPO, IMPALA's actors and V-trace targets with "
                                   "PPO's clipped surrogate and several passes over each batch.")
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     optimizer: OptimizerConfig = _adam_eps(1e-5)
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
-    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
-    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip range (the ratio to the behaviour policy).")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches (random samples of the batch) per pass.")
     value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
                                      "its value before the update in the value loss (null: no clipping).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
 
 
