@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.networks import NatureCNN, PolicyValueNet, choose_model
+from tianji.algos.networks import NATURE_CONVS, SMALL_CONVS, NatureCNN, PolicyValueNet, choose_model, pixels_seen
 from tianji.config import ConfigError, apply_overrides, build_config, load_config, load_raw
 from tianji.envs import make_vector_env
 from tianji.runtime.build import build_actor, build_learner
@@ -149,3 +149,21 @@ def test_a_cuda_learner_trains_on_cpu_actors_data(preset):
     weights = learner.weights()
     assert all(isinstance(w, np.ndarray) for w in weights.values())
     actor.set_weights(learner.version, weights)
+
+
+def test_unpadded_convolutions_lose_the_last_rows_where_strides_do_not_fit():
+    assert [pixels_seen(size, NATURE_CONVS) for size in (36, 40, 42, 44, 84)] == [36, 36, 36, 44, 84]
+    assert [pixels_seen(size, SMALL_CONVS) for size in (40, 42, 44)] == [36, 36, 44]
+
+
+@pytest.mark.parametrize("model", ["cnn", "cnn_small"])
+@pytest.mark.parametrize("size", [40, 42, 84])
+def test_every_pixel_of_the_frame_reaches_the_trunk(model, size):
+    """Catch (40x40) and Pong at 42x42 put the paddle in the last rows or columns, which unpadded
+    strided convolutions never read: the trunk pads the frame so that every pixel changes its output."""
+    space = gym.spaces.Box(0, 255, (4, size, size), np.uint8)
+    net = PolicyValueNet(space, gym.spaces.Discrete(3), [], model, "orthogonal")
+    frames = torch.rand(2, 4, size, size, requires_grad=True)
+    net.body(frames).pow(2).sum().backward()
+    seen = frames.grad.abs().sum((0, 1)) > 0
+    assert seen.all(), f"pixels never read: rows {(~seen).any(1).nonzero().flatten().tolist()}"

@@ -53,9 +53,34 @@ class Flatten(nn.Module):
         return obs.reshape(obs.shape[0], -1).float() * self.scale
 
 
+# (out channels, kernel, stride) of each convolution.
+NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+SMALL_CONVS = ((16, 8, 4), (32, 4, 2))
+
+
+def pixels_seen(size: int, convs: tuple[tuple[int, int, int], ...]) -> int:
+    """How many leading rows (or columns) of a `size`-pixel frame reach the output of unpadded
+    convolutions: where a stride does not divide what is left, the last rows are never read."""
+    outputs = [size]
+    for _, kernel, stride in convs:
+        outputs.append((outputs[-1] - kernel) // stride + 1)
+    last = outputs[-1] - 1  # the last output position, traced back to the last input pixel it reads
+    for _, kernel, stride in reversed(convs):
+        last = last * stride + kernel - 1
+    return last + 1
+
+
+def padding_to_see_all(size: int, convs: tuple[tuple[int, int, int], ...]) -> int:
+    """Zero rows to add after a frame so that the convolutions read every one of its pixels (the
+    Nature CNN reads only the first 36 rows of a 40 or 42-pixel frame: Pong's own paddle at 42x42)."""
+    return next(pad for pad in range(size) if pixels_seen(size + pad, convs) >= size)
+
+
 class NatureCNN(nn.Module):
     """Mnih et al. (2015): 3 convolutions and a 512-unit layer; frames are channels (stacked).
-    `small`: the IMPALA paper's shallow variant, 2 convolutions (16 and 32 filters) and 256 units."""
+    `small`: the IMPALA paper's shallow variant, 2 convolutions (16 and 32 filters) and 256 units.
+    Frames whose size the strides do not fit (any size but 4 mod 8: 42, 40) are zero-padded at the
+    bottom and right, so that no pixel is lost."""
 
     def __init__(self, obs_space: gym.Space, small: bool = False):
         super().__init__()
@@ -63,22 +88,24 @@ class NatureCNN(nn.Module):
         self.channels_last = shape[-1] < shape[0]  # (84, 84, 4) rather than (4, 84, 84)
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         self.scale = _scale(obs_space)
-        if small:
-            self.conv = nn.Sequential(
-                nn.Conv2d(channels, 16, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
-        else:
-            self.conv = nn.Sequential(
-                nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        convs = SMALL_CONVS if small else NATURE_CONVS
+        self.padding = (0, padding_to_see_all(width, convs), 0, padding_to_see_all(height, convs))
+        layers: list[nn.Module] = []
+        for out_channels, kernel, stride in convs:
+            layers += [nn.Conv2d(channels, out_channels, kernel, stride=stride), nn.ReLU()]
+            channels = out_channels
+        self.conv = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
-            flat = self.conv(torch.zeros(1, channels, height, width)).shape[1]
+            flat = self.conv(self._frames(torch.zeros(1, *shape))).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, SMALL_CNN_FEATURES if small else CNN_FEATURES), nn.ReLU())
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def _frames(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2) if self.channels_last else obs
-        return self.fc(self.conv(x.float() * self.scale))
+        x = x.float() * self.scale
+        return nn.functional.pad(x, self.padding) if any(self.padding) else x
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(self._frames(obs)))
 
 
 def make_trunk(obs_space: gym.Space, hidden: list[int], model: str,
