@@ -179,3 +179,11 @@ def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path
     run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
     with pytest.raises(CheckpointError, match="resume with as many learners"):
         FileStore(run_dir / "checkpoints", rank=1).load()
+
+
+def test_a_rank_killed_before_its_first_checkpoint_restarts_from_rank_zeros(tiny_config, tmp_path):
+    from tianji.checkpoint import FileStore
+
+    run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
+    restored = FileStore(run_dir / "checkpoints", rank=1).load(restart=True)
+    assert restored["version"] == load_learner(run_dir / "checkpoints", 0)["version"]

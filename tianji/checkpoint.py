@@ -76,9 +76,13 @@ class FileStore:
     def __init__(self, directory: Path, rank: int = 0):
         self.directory, self.rank = directory, rank
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self, restart: bool = False) -> dict[str, Any] | None:
+        """The rank's checkpoint. `restart`: the group restarts within the run, and a rank killed before
+        writing its first checkpoint starts from rank 0's, the group's state at that moment."""
         state = load_learner(self.directory, self.rank)
         if state is None and self.rank > 0 and (self.directory / LEARNER_FILE).exists():
+            if restart:
+                return load_learner(self.directory, 0)
             raise CheckpointError(f"{self.directory}: no {learner_file(self.rank)}; resume with as many learners "
                                   "(topology.learners) as the run had")
         return state
@@ -96,7 +100,7 @@ class ShippedStore:
     def __init__(self, restore: bytes | None, rank: int = 0):
         self.restore, self.rank = restore, rank
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self, restart: bool = False) -> dict[str, Any] | None:
         return None if self.restore is None else learner_state_from_bytes(self.restore, "checkpoint from the driver")
 
     def save(self, state: dict[str, Any]) -> list[bytes]:

@@ -277,6 +277,8 @@ class RayRoles:
     def _restore(self, rank: int) -> bytes | None:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
         path = self.run.checkpoint_dir / learner_file(rank)
+        if self.learner_epoch > 0 and not path.is_file():  # killed before its first checkpoint: the group's
+            path = self.run.checkpoint_dir / learner_file(0)
         if (self.run.resumed or self.learner_epoch > 0) and path.is_file():
             return path.read_bytes()
         return None

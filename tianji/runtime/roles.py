@@ -246,7 +246,7 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
     for sock in (router, driver.sock):
         poller.register(sock, zmq.POLLIN)
 
-    learner = build_learner(cfg, store.load() if run.resumed or epoch > 0 else None)
+    learner = build_learner(cfg, store.load(restart=epoch > 0) if run.resumed or epoch > 0 else None)
     if group is not None:
         if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
             group = replace(group, backend="nccl")  # gradients stay on the GPUs
