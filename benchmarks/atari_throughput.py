@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from tianji.config import load_config
-from tianji.envs import make_vector_env
-from tianji.plan import available_cores
-from tianji.runtime.build import build_actor, build_learner
+from tianji.envs.make import make_vector_env
+from tianji.runtime.roles.build import build_actor, build_learner
+from tianji.tools.plan import available_cores
 
 
 def raw_env_rate(cfg, seconds: float) -> float:

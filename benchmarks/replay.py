@@ -12,8 +12,8 @@ import time
 import numpy as np
 import torch
 
+from tianji.algos.common.replay import PrioritizedReplay
 from tianji.config import load_config
-from tianji.replay import PrioritizedReplay
 
 CAPACITY = 1 << 20
 BATCH = 256
@@ -50,8 +50,9 @@ def main() -> None:
     idx, _, _ = replay.sample(BATCH, 0.4, rng)
     update_s = timed(lambda: replay.update_priorities(idx, rng.random(BATCH)), 200)
 
-    from tianji.algos.dqn import DQNLearner
     import gymnasium as gym
+
+    from tianji.algos.dqn import DQNLearner
 
     cfg = load_config("cartpole-dqn", ["algo.batch_size=256", f"algo.buffer_capacity={CAPACITY}"]).algo
     learner = DQNLearner(cfg, gym.spaces.Box(-np.inf, np.inf, OBS, np.float32), gym.spaces.Discrete(2))

@@ -27,7 +27,7 @@ RESULTS = Path(__file__).parent / "results" / "smax.json"
 RAW = """
 import json, sys, time
 import numpy as np
-from tianji.multiagent import SmaxVectorEnv
+from tianji.envs.multiagent import SmaxVectorEnv
 envs = SmaxVectorEnv(sys.argv[1], int(sys.argv[2]))
 obs, _ = envs.reset(seed=0)
 rng = np.random.default_rng(0)

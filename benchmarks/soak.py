@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tianji.shm import shm_root
+from tianji.runtime.transport.shm import shm_root
 
 
 def rss_mb(pid: int) -> float | None:

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
-from tianji.wire import decode, encode, pack_header, unpack_header
+from tianji.runtime.transport.shm import SlotReader, SlotWriter, pool_path, remove_pools
+from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 PAYLOADS = {  # [steps, ...]: rows are written one step at a time
     "1 MiB": {"data": np.ones((16, 1 << 16), np.uint8)},
@@ -65,7 +65,7 @@ PATHS = {  # label -> (transport, TianJi wire format, CURVE)
 
 def _secure(sock: zmq.Socket, keys: dict | None, server: bool) -> None:
     if keys is not None:
-        from tianji.runtime.security import CurveKeys, join, serve
+        from tianji.runtime.transport.security import CurveKeys, join, serve
 
         (serve if server else join)(sock, CurveKeys(**keys))
 
@@ -115,7 +115,7 @@ def transfer_gbps(name: str, seconds: float, path: str, slots: int = 4) -> float
     ctx = zmq.Context()
     keys = gate = None
     if curve:
-        from tianji.runtime.security import CurveKeys, Gatekeeper
+        from tianji.runtime.transport.security import CurveKeys, Gatekeeper
 
         keys = CurveKeys.new()
         gate = Gatekeeper(ctx, keys)

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 
 from tianji.config import EnvConfig
-from tianji.envs import env_spaces, make_vector_env
-from tianji.multiagent import SmaxVectorEnv
+from tianji.envs.make import env_spaces, make_vector_env
+from tianji.envs.multiagent import SmaxVectorEnv
 
 
 def random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:

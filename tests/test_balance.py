@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import FakeAlgoLearner
-from tianji.runtime.actor import Fragment
+
 from tianji.runtime.balance import CreditLedger, LagStats, RateLimiter
-from tianji.runtime.learner import Learner
+from tianji.runtime.roles.actor import Fragment
+from tianji.runtime.roles.learner import Learner
 
 
 class FakeClock:
@@ -211,8 +211,7 @@ def simulate(actors: int, slots: int, bound: int, update_s: float, seed: int, sp
     credits only between updates. A fragment takes 1 +- `spread` (normal) time units. Returns lag counts."""
     import heapq
 
-
-    from tianji.runtime.learner import VERSIONS_EMA
+    from tianji.runtime.roles.learner import VERSIONS_EMA
 
     rng = np.random.default_rng(seed)
     ledger, lag = CreditLedger(bound), LagStats(bound)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-
 from conftest import FakeAlgoLearner, FakePolicy, FakeVectorEnv
-from tianji.runtime.actor import Actor
-from tianji.runtime.learner import Learner
+
+from tianji.runtime.roles.actor import Actor
+from tianji.runtime.roles.learner import Learner
 
 
 def make_actor(T=5, k=3, episode_length=4, truncate=False):
@@ -77,7 +77,7 @@ def test_learner_drops_fragments_over_the_lag_bound_and_counts_them():
 
 
 def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
-    from tianji.runtime.evaluator import Evaluator
+    from tianji.runtime.roles.evaluator import Evaluator
 
     evaluator = Evaluator(FakeVectorEnv(num_envs=3, episode_length=4), FakePolicy(), seed=0)
     assert not evaluator.has_new_weights()

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from tianji.config import ConfigError, describe_fields, load_config, preset_names, to_yaml, build_config
+from tianji.config import ConfigError, build_config, describe_fields, load_config, preset_names, to_yaml
 
 
 def test_presets_load_and_round_trip_through_yaml():

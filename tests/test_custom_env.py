@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tianji.config import ConfigError, build_config
-from tianji.envs import check_env, make_vector_env
-from tianji.runtime.run import check_env_and_algo
+from tianji.envs.make import check_env, make_vector_env
+from tianji.tools.train import check_env_and_algo
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_env"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tianji.config import load_config
-from tianji.metrics import _RowWriter
-from tianji.runtime.run import train
+from tianji.runtime.driver.monitor import _RowWriter
+from tianji.tools.train import train
 
 EVERY_POLICY_GRADIENT = {"train/entropy", "train/approx_kl", "train/explained_variance", "train/grad_norm", "train/lr"}
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
@@ -80,7 +80,7 @@ def fake_run(run_dir: Path, slope: float) -> Path:
 
 def test_plot_overlays_two_runs_in_one_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from tianji.plot import overlay
+    from tianji.tools.plot import overlay
 
     runs = [fake_run(tmp_path / "adam", 0.5), fake_run(tmp_path / "rmsprop", 1.0)]
     figure = overlay(runs)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from tianji.algos.common.replay import PrioritizedReplay, SumTree
 from tianji.algos.dqn import double_q_targets, epsilon_ladder, nstep_transitions, td_loss
-from tianji.replay import PrioritizedReplay, SumTree
 
 
 def test_nstep_returns_hand_computed():

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import alive, child_pids, wait_for
-from tianji.checkpoint import load_learner
-from tianji.runtime.run import train
-from tianji.shm import shm_root
+
+from tianji.runtime.driver.checkpoint import load_learner
+from tianji.runtime.transport.shm import shm_root
+from tianji.tools.train import train
 
 SUMMARY_KEYS = {"target_reached", "time_to_target_s", "env_steps_to_target", "final_return_mean100", "env_steps",
                 "wall_time_s", "policy_lag_max", "policy_lag_mean", "fragments_dropped"}
@@ -174,7 +174,7 @@ def test_resume_a_group_of_two_learners(tiny_config, tmp_path):
 
 
 def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path):
-    from tianji.checkpoint import CheckpointError, FileStore
+    from tianji.runtime.driver.checkpoint import CheckpointError, FileStore
 
     run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
     with pytest.raises(CheckpointError, match="resume with as many learners"):
@@ -182,8 +182,29 @@ def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path
 
 
 def test_a_rank_killed_before_its_first_checkpoint_restarts_from_rank_zeros(tiny_config, tmp_path):
-    from tianji.checkpoint import FileStore
+    from tianji.runtime.driver.checkpoint import FileStore
 
     run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
     restored = FileStore(run_dir / "checkpoints", rank=1).load(restart=True)
     assert restored["version"] == load_learner(run_dir / "checkpoints", 0)["version"]
+
+
+@pytest.mark.parametrize("algo", [{"name": "ppo", "epochs": 1, "minibatches": 1}, {"name": "dqn", "learning_starts": 256, "batch_size": 32}])
+def test_inline_and_local_run_the_same_balance_logic(algo, tmp_path):
+    """Both launchers drive one learner service: credits granted, lag inside the bound, nothing dropped
+    (lag-aware credits let no actor produce a fragment destined to be dropped)."""
+    from tianji.config import build_config
+
+    bound = 1
+    raw = {"name": "balance", "algo": algo, "stop": {"max_env_steps": 4096},
+           "topology": {"actors": 2, "envs_per_actor": 4, "fragment_length": 16},
+           "balance": {"max_policy_lag": bound, "max_inflight": 2},
+           "logging": {"console": False, "interval_s": 0.2}}
+    summaries = {launcher: train(build_config(raw), launcher, run_dir=str(tmp_path / launcher))[1]
+                 for launcher in ("inline", "local")}
+    for launcher, summary in summaries.items():
+        lags = {int(lag) for lag in summary["policy_lag_histogram"]}
+        assert summary["fragments_trained"] > 0, launcher
+        assert max(lags) <= bound and summary["policy_lag_max"] <= bound, (launcher, summary["policy_lag_histogram"])
+        assert summary["fragments_dropped"] == 0, launcher
+        assert summary["fragments_trained"] <= summary["credits_granted"], launcher  # only granted slots are filled

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from tianji.checkpoint import CheckpointError
-from tianji.evaluate import evaluate_run
-from tianji.runtime.run import train
+from tianji.runtime.driver.checkpoint import CheckpointError
+from tianji.tools.evaluate import evaluate_run
+from tianji.tools.train import train
 
 
 def test_eval_plays_greedy_episodes_prints_the_score_and_records_a_video(tiny_config, tmp_path):

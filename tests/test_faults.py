@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 import zmq
-
 from conftest import alive, wait_for
-from tianji.checkpoint import load_learner
-from tianji.runtime.links import sweep_leftovers
-from tianji.shm import SlotReader, SlotWriter, shm_root
-from tianji.wire import WireError, pack_header
+
+from tianji.runtime.driver.checkpoint import load_learner
+from tianji.runtime.transport.links import sweep_leftovers
+from tianji.runtime.transport.shm import SlotReader, SlotWriter, shm_root
+from tianji.runtime.transport.wire import WireError, pack_header
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -129,9 +129,9 @@ def test_sweep_removes_only_files_of_runs_whose_processes_are_gone(tmp_path):
 
 
 def test_driver_survives_a_flood_of_malformed_events_and_logs_a_few(tiny_config, tmp_path, caplog):
-    from tianji.metrics import Monitor
-    from tianji.runtime.driver import _Supervisor
-    from tianji.runtime.run import RunContext
+    from tianji.runtime.driver.context import RunContext
+    from tianji.runtime.driver.monitor import Monitor
+    from tianji.runtime.driver.supervise import _Supervisor
 
     cfg = tiny_config()
     run = RunContext(cfg, tmp_path, t0=time.time(), resumed=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tianji.config import load_config
-from tianji.runtime.run import train
+from tianji.tools.train import train
 
 
 @pytest.mark.slow

@@ -17,9 +17,9 @@ import torch
 
 from tianji.algos.qmix import Mixer, QMIXPolicy, _random_available, double_q_next, masked_argmax, td_lambda_targets
 from tianji.config import ConfigError, EnvConfig, QMIXConfig, load_config
-from tianji.envs import env_spaces, make_vector_env
-from tianji.runtime.build import build_actor, build_learner
-from tianji.runtime.run import train
+from tianji.envs.make import env_spaces, make_vector_env
+from tianji.runtime.roles.build import build_actor, build_learner
+from tianji.tools.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tianji.algos.common.optim import Adam, GradientStep, LinearDecay, RMSprop, lr_schedule, make_optimizer
 from tianji.config import OptimizerConfig
-from tianji.optim import Adam, GradientStep, LinearDecay, RMSprop, lr_schedule, make_optimizer
 
 
 def make_net(seed: int) -> torch.nn.Module:
@@ -56,7 +56,7 @@ def test_state_dict_round_trip_continues_identically():
 
 
 def test_does_not_import_dynamo():
-    code = ("import sys, torch; from tianji.optim import Adam; n = torch.nn.Linear(2, 2); o = Adam(n.parameters(), 0.1);"
+    code = ("import sys, torch; from tianji.algos.common.optim import Adam; n = torch.nn.Linear(2, 2); o = Adam(n.parameters(), 0.1);"
             "n(torch.ones(1, 2)).sum().backward(); o.step(); print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

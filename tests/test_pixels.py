@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.networks import NATURE_CONVS, SMALL_CONVS, NatureCNN, PolicyValueNet, choose_model, pixels_seen
+from tianji.algos.common.networks import NATURE_CONVS, SMALL_CONVS, NatureCNN, PolicyValueNet, choose_model, pixels_seen
 from tianji.config import ConfigError, apply_overrides, build_config, load_config, load_raw
-from tianji.envs import make_vector_env
-from tianji.runtime.build import build_actor, build_learner
-from tianji.runtime.run import train
-from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
+from tianji.envs.make import make_vector_env
+from tianji.runtime.roles.build import build_actor, build_learner
+from tianji.runtime.transport.shm import SlotReader, SlotWriter, pool_path, remove_pools
+from tianji.tools.train import train
 
 
 def test_nature_cnn_takes_frames_first_or_last_and_gives_512_features():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tianji import plan
 from tianji.config import load_config
-from tianji.plan import Calibration, Space, choose, layout_space, predict
+from tianji.tools import plan
+from tianji.tools.plan import Calibration, Space, choose, layout_space, predict
 
 
 def config(bound=8, **topology):
@@ -116,7 +116,7 @@ def test_calibration_is_cached_per_machine_and_config(tmp_path, monkeypatch):
 
 
 def test_actors_auto_runs_the_plan_at_start_up(tmp_path, monkeypatch, tiny_config):
-    from tianji.runtime.run import train
+    from tianji.tools.train import train
 
     monkeypatch.setenv("TIANJI_CACHE_DIR", str(tmp_path / "cache"))
     raw = tiny_config().model_dump(mode="json")

@@ -13,11 +13,11 @@ import pytest
 import zmq
 
 from tianji.config import BalanceConfig, SupervisionConfig
-from tianji.runtime.links import Endpoints
-from tianji.runtime.roles import actor_main, learner_main
-from tianji.runtime.run import RunContext
-from tianji.shm import SlotWriter, pool_path, remove_pools
-from tianji.wire import decode, encode, pack_header, unpack_header
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.roles.loops import actor_main, learner_main
+from tianji.runtime.transport.links import Endpoints
+from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
+from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 
 def bound(ctx, kind, endpoint):
@@ -185,7 +185,7 @@ class FakeLearner:
     """The learner's side of an actor's links: answers hello, grants credits, publishes weights."""
 
     def __init__(self, ctx, endpoints, cfg):
-        from tianji.runtime.build import build_learner
+        from tianji.runtime.roles.build import build_learner
 
         self.router = bound(ctx, zmq.ROUTER, endpoints.fragments)
         self.publisher = bound(ctx, zmq.PUB, endpoints.weights)

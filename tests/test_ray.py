@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import wait_for
+
 from tianji.config import load_config
-from tianji.runtime.run import train
+from tianji.tools.train import train
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ray
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    from tianji.runtime.cluster import loopback_only
+    from tianji.runtime.launchers.ray import loopback_only
 
     loopback_only(ray)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import zmq
 
-from tianji.checkpoint import FileStore
 from tianji.config import SupervisionConfig
-from tianji.runtime.links import Endpoints, socket
-from tianji.runtime.roles import bind_learner, learner_loop, run_role
-from tianji.runtime.run import RunContext
-from tianji.runtime.security import CurveKeys, join
-from tianji.wire import decode, encode, pack_header, unpack_header
+from tianji.runtime.driver.checkpoint import FileStore
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.roles.loops import bind_learner, learner_loop, run_role
+from tianji.runtime.transport.links import Endpoints, socket
+from tianji.runtime.transport.security import CurveKeys, join
+from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 
 def free_tcp() -> str:

@@ -13,9 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.optim import Adam
-from tianji.runtime.sync import (GradientAllreduce, GroupSpec, GroupStopping, ParameterAverage, broadcast_from_first,
-                                 join_group, leave_group)
+from tianji.algos.common.optim import Adam
+from tianji.runtime.sync import (
+    GradientAllreduce,
+    GroupSpec,
+    GroupStopping,
+    ParameterAverage,
+    broadcast_from_first,
+    join_group,
+    leave_group,
+)
 
 STEPS = 3
 

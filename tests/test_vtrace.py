@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tianji.algos.vtrace import vtrace
+from tianji.algos.common.returns import vtrace
 
 
 def reference(mu, pi, r, v, v_boot, done, term, gamma, lam, rho_bar, c_bar):

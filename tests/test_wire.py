@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from tianji.shm import SlotReader, SlotWriter, pool_path, remove_pools
-from tianji.wire import WireError, decode, encode, pack_header
+from tianji.runtime.transport.shm import SlotReader, SlotWriter, pool_path, remove_pools
+from tianji.runtime.transport.wire import WireError, decode, encode, pack_header
 
 
 def sample_arrays():

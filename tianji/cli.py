@@ -12,8 +12,8 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tianji.checkpoint import CheckpointError  # noqa: E402
 from tianji.config import ConfigError, apply_overrides, build_config, describe_fields, load_config, preset_names  # noqa: E402
+from tianji.runtime.driver.checkpoint import CheckpointError  # noqa: E402
 
 
 def _config_help() -> str:
@@ -63,8 +63,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tianji.plan import (available_cores, calibrate, choose, explain, format_table, lag_warning, layout_space, mark,
-                             predict)
+    from tianji.tools.plan import (
+        available_cores,
+        calibrate,
+        choose,
+        explain,
+        format_table,
+        lag_warning,
+        layout_space,
+        mark,
+        predict,
+    )
 
     cfg = load_config(args.config, args.overrides)
     cores = args.cores or available_cores()
@@ -93,7 +102,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from tianji.evaluate import evaluate_run
+    from tianji.tools.evaluate import evaluate_run
 
     result = evaluate_run(Path(args.run_dir), args.episodes, Path(args.video) if args.video else None)
     print(f"{args.run_dir}: policy version {result['policy_version']}, {result['episodes']} greedy episodes: "
@@ -106,7 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from tianji.plot import plot_run, plot_runs
+    from tianji.tools.plot import plot_run, plot_runs
 
     run_dirs = [Path(d) for d in args.run_dirs]
     if len(run_dirs) == 1 and args.out is None:
@@ -120,7 +129,7 @@ def _resolve_config(args: argparse.Namespace):
     if args.address is not None:
         args.overrides.append(f"ray.address={args.address}")
     if args.resume:
-        from tianji.runtime.run import load_run_config
+        from tianji.tools.train import load_run_config
 
         saved = load_run_config(Path(args.resume)).model_dump(mode="json")
         return build_config(apply_overrides(saved, args.overrides))
@@ -130,7 +139,7 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tianji.runtime.run import train
+    from tianji.tools.train import train
 
     cfg = _resolve_config(args)
     run_dir, summary = train(cfg, args.launcher, args.run_dir, args.resume, t0=T0)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from tianji.algos.common.networks import trunk_health
 from tianji.algos.impala import IMPALALearner, minibatch_steps, time_major_batch, vtrace_targets
-from tianji.algos.networks import trunk_health
 from tianji.algos.ppo import ppo_loss
 
 

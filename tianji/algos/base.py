@@ -65,7 +65,7 @@ class AlgoLearner(Protocol):
     """Owns the buffer and the update; the runtime decides when to feed and train it.
 
     `sync` is set by the runtime (default NO_HOOK); an update calls `self.sync.gradients(params)`
-    after every backward(), before clipping and stepping (`tianji.optim.GradientStep` does all of it).
+    after every backward(), before clipping and stepping (`tianji.algos.common.optim.GradientStep` does all of it).
     """
 
     sync: GradientHook
@@ -204,7 +204,7 @@ class NetAndOptimizer:
     """Weights, parameters and checkpoint state of a learner that trains one `net` with one `optimizer`."""
 
     net: torch.nn.Module
-    optimizer: Any  # tianji.optim.Adam or RMSprop
+    optimizer: Any  # tianji.algos.common.optim.Adam or RMSprop
 
     def weights(self) -> Arrays:
         return module_weights(self.net)

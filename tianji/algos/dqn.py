@@ -14,11 +14,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, NetAndOptimizer, Placement, load_module_weights, resolve_device, to_device
-from tianji.algos.networks import make_trunk
+from tianji.algos.base import (
+    NO_HOOK,
+    Arrays,
+    NetAndOptimizer,
+    Placement,
+    load_module_weights,
+    resolve_device,
+    to_device,
+)
+from tianji.algos.common.networks import make_trunk
+from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
+from tianji.algos.common.replay import PrioritizedReplay
 from tianji.config import DQNConfig
-from tianji.optim import GradientStep, lr_schedule, make_optimizer
-from tianji.replay import PrioritizedReplay
 
 # ------------------------------------------------------------------ pure math
 

@@ -1,5 +1,5 @@
 """IMPALA (Espeholt et al., 2018): actor-critic trained on fragments made by older policies,
-corrected by V-trace (`tianji.algos.vtrace`). The algorithm that tolerates lag.
+corrected by V-trace (`tianji.algos.common.returns`). The algorithm that tolerates lag.
 
 One gradient step per batch by default. With `minibatches` (and `epochs`), V-trace targets are
 computed once per batch and each step takes a random share of the batch's samples, from all its
@@ -19,18 +19,26 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tianji.algos.base import NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, explained_variance, resolve_device, to_device
-from tianji.algos.networks import PolicyValueNet, trunk_health
+from tianji.algos.base import (
+    NO_HOOK,
+    Arrays,
+    NetAndOptimizer,
+    OnPolicyBatches,
+    explained_variance,
+    resolve_device,
+    to_device,
+)
+from tianji.algos.common.networks import PolicyValueNet, trunk_health
+from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
+from tianji.algos.common.returns import vtrace
 from tianji.algos.ppo import PPOPolicy, check_spaces
-from tianji.algos.vtrace import vtrace
 from tianji.config import IMPALAConfig
-from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 
 def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,
                 entropy: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
-    the batch's valid steps (the IMPALA paper sums them; see tianji.optim for the equivalent settings).
+    the batch's valid steps (the IMPALA paper sums them; see tianji.algos.common.optim for the equivalent settings).
     `cfg.advantage_norm`: center subtracts the advantages' mean first, standard also divides by their deviation."""
     advantages = advantages.detach()
     if cfg.advantage_norm != "none" and advantages.numel() > 1:

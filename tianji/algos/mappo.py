@@ -1,4 +1,4 @@
-"""MAPPO (Yu et al., 2022) and IPPO for cooperative multi-agent envs (tianji.multiagent): one policy
+"""MAPPO (Yu et al., 2022) and IPPO for cooperative multi-agent envs (tianji.envs.multiagent): one policy
 shared by all agents (its observation and its id in, unavailable actions masked), PPO's clipped
 surrogate, and a value function on the global state (MAPPO) or on each agent's own observation
 (IPPO, `centralised_value: false`). `recurrent: true` gives the policy a GRU memory: actors carry it
@@ -16,12 +16,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import (NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, Placement, explained_variance,
-                               load_module_weights, mlp, resolve_device, to_device)
+from tianji.algos.base import (
+    NO_HOOK,
+    Arrays,
+    NetAndOptimizer,
+    OnPolicyBatches,
+    Placement,
+    explained_variance,
+    load_module_weights,
+    mlp,
+    resolve_device,
+    to_device,
+)
+from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
 from tianji.algos.ppo import compute_gae, ppo_loss
 from tianji.algos.qmix import NEG, _sizes, check_spaces
 from tianji.config import MAPPOConfig
-from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 
 class SharedActorCritic(nn.Module):

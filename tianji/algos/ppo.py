@@ -3,7 +3,7 @@
 The math (`compute_gae`, `ppo_loss`) is pure and tested against NumPy references;
 `PPOPolicy` runs inside actors, `PPOLearner` inside the learner.
 
-Fragments arrive in the actor's recording convention (see `tianji.runtime.actor`):
+Fragments arrive in the actor's recording convention (see `tianji.runtime.roles.actor`):
 vector envs auto-reset on the step *after* an episode ends, so the row after a
 done row holds the final observation and its value. A truncated episode
 therefore bootstraps from `values[t + 1]`, a terminated one from zero, and the
@@ -18,11 +18,20 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tianji.algos.base import (NO_HOOK, Arrays, NetAndOptimizer, OnPolicyBatches, Placement, explained_variance,
-                               load_module_weights, resolve_device, to_device)
-from tianji.algos.networks import PolicyValueNet, trunk_health
+from tianji.algos.base import (
+    NO_HOOK,
+    Arrays,
+    NetAndOptimizer,
+    OnPolicyBatches,
+    Placement,
+    explained_variance,
+    load_module_weights,
+    resolve_device,
+    to_device,
+)
+from tianji.algos.common.networks import PolicyValueNet, trunk_health
+from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
 from tianji.config import PPOConfig
-from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 # ------------------------------------------------------------------ pure math
 

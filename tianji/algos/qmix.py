@@ -1,4 +1,4 @@
-"""QMIX (Rashid et al., 2018) for cooperative multi-agent envs (tianji.multiagent): one recurrent agent
+"""QMIX (Rashid et al., 2018) for cooperative multi-agent envs (tianji.envs.multiagent): one recurrent agent
 network shared by all agents (its observation, its last action and its id in, a GRU, Q-values out),
 and a monotonic mixing network whose weights come from hypernetworks of the global state.
 
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
+from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
 from tianji.config import QMIXConfig
-from tianji.optim import GradientStep, lr_schedule, make_optimizer
 
 NEG = -1e9  # the value of an unavailable action
 

@@ -92,7 +92,7 @@ class CreditLedger:
         self.lag_aware = lag_aware
         self.actors: dict[int, _ActorSlots] = {}
         self._by_identity: dict[bytes, _ActorSlots] = {}
-        self._grants = 0
+        self.granted = 0  # grants made, cumulative
 
     def register(self, actor_id: int, identity: bytes, slots: int) -> None:
         """An actor said hello: the learner holds all its slots. A restarted actor (same id, new
@@ -146,8 +146,8 @@ class CreditLedger:
             slot = actor.held.popleft()
             min_version = published if self.lag_aware else 0
             actor.floors[slot] = min_version
-            self._grants += 1
-            actor.last_grant = self._grants
+            self.granted += 1
+            actor.last_grant = self.granted
             grants.append((actor.identity, slot, min_version))
 
 

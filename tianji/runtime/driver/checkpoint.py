@@ -108,7 +108,7 @@ class ShippedStore:
 
 
 def _notice(state: dict[str, Any], rank: int) -> bytes:
-    from tianji.wire import pack_header
+    from tianji.runtime.transport.wire import pack_header
 
     return pack_header({"kind": "checkpoint", "version": int(state["version"]), "rank": rank})
 

@@ -1,8 +1,8 @@
 """Local launcher: the learner, A actors and the evaluator as processes on this machine.
 
 Roles are forked from the driver (fast start; the driver runs no torch ops before forking) and
-die with it. Their loops live in `tianji.runtime.roles`, the supervision in
-`tianji.runtime.driver`; this module only starts, restarts and ends processes.
+die with it. Their loops live in `tianji.runtime.roles.loops`, the supervision in
+`tianji.runtime.driver.supervise`; this module only starts, restarts and ends processes.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import zmq
 
-from tianji.metrics import Monitor
-from tianji.runtime.driver import drive, is_learner
-from tianji.runtime.links import ControlChannel, Endpoints, log, new_token, socket, sweep_leftovers
-from tianji.runtime.roles import actor_main, evaluator_main, learner_main, learner_of, role_pool
-from tianji.runtime.run import RunContext
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.driver.supervise import drive, is_learner
+from tianji.runtime.roles.loops import actor_main, evaluator_main, learner_main, learner_of, role_pool
 from tianji.runtime.sync import GroupSpec
-from tianji.shm import remove_pools
+from tianji.runtime.transport.links import ControlChannel, Endpoints, log, new_token, socket, sweep_leftovers
+from tianji.runtime.transport.shm import remove_pools
 
 
 def run_local(run: RunContext, monitor: Monitor) -> str:

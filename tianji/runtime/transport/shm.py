@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tianji.wire import WireError, check_fields, describe
+from tianji.runtime.transport.wire import WireError, check_fields, describe
 
 ALIGN = 64
 

@@ -1,5 +1,5 @@
 """Small pixel games for tests and smoke runs: they learn in minutes on a CPU, through the same
-uint8 image path as Atari (`env.entry_point: "tianji.games:Catch"`).
+uint8 image path as Atari (`env.entry_point: "tianji.envs.games:Catch"`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 A learner's `epoch` is its incarnation: the driver restarts a dead learner with the next
 epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
-Sample data never travels here: notices name shared-memory slots (see tianji.shm).
+Sample data never travels here: notices name shared-memory slots (see tianji.runtime.transport.shm).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import zmq
 
-from tianji.runtime.security import CurveKeys, join, serve
-from tianji.shm import SlotWriter, shm_root
-from tianji.wire import WireError, decode, encode, pack_header, unpack_header
+from tianji.runtime.transport.security import CurveKeys, join, serve
+from tianji.runtime.transport.shm import SlotWriter, shm_root
+from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
 
 log = logging.getLogger("tianji")
 

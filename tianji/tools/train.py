@@ -1,4 +1,4 @@
-"""A training run: its directory, its launcher, its summary."""
+"""`tianji train`: resolve the config (and an `auto` layout), make the run directory, launch, summarise."""
 
 from __future__ import annotations
 
@@ -7,32 +7,20 @@ import logging
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tianji import __version__
-from tianji.checkpoint import load_driver, save_driver
 from tianji.algos import get_algo
 from tianji.config import Config, ConfigError, build_config, to_yaml
-from tianji.envs import env_spaces
-from tianji.plan import needs_plan, resolve_layout
+from tianji.envs.make import env_spaces
+from tianji.runtime.driver.checkpoint import load_driver, save_driver
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.launchers import LAUNCHERS
+from tianji.tools.plan import needs_plan, resolve_layout
 
 log = logging.getLogger("tianji")
-
-LAUNCHERS = ("local", "inline", "ray")
-
-
-@dataclass(frozen=True)
-class RunContext:
-    cfg: Config
-    run_dir: Path
-    t0: float  # wall clock at command start; time-to-target counts from here
-    resumed: bool
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
 
 
 def new_run_dir(cfg: Config, run_dir: str | None) -> Path:
@@ -89,11 +77,9 @@ def check_env_and_algo(cfg: Config) -> None:
 def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
           resume: str | None = None, t0: float | None = None) -> tuple[Path, dict[str, Any]]:
     """Run training to a stop condition; returns the run directory and its summary."""
-    from tianji.metrics import Monitor
-
     t0 = time.time() if t0 is None else t0
     if launcher not in LAUNCHERS:
-        raise ValueError(f"--launcher: expected one of {LAUNCHERS}, got {launcher!r}")
+        raise ValueError(f"--launcher: expected one of {tuple(LAUNCHERS)}, got {launcher!r}")
     check_env_and_algo(cfg)
     plan_record = None
     if needs_plan(cfg):  # `auto` layout: measured (or cached for this machine and config) before anything starts
@@ -122,18 +108,7 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
         print(f"run directory: {path}", flush=True)
     reason = "error"
     try:
-        if launcher == "inline":
-            from tianji.runtime.inline import run_inline
-
-            reason = run_inline(run, monitor)
-        elif launcher == "ray":
-            from tianji.runtime.cluster import run_ray
-
-            reason = run_ray(run, monitor)
-        else:
-            from tianji.runtime.local import run_local
-
-            reason = run_local(run, monitor)
+        reason = LAUNCHERS[launcher](run, monitor)
         monitor.tick(force=True)
     finally:  # a failed run still leaves its counters and summary behind
         monitor.close()

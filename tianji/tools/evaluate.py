@@ -15,11 +15,11 @@ import numpy as np
 
 from tianji.algos import get_algo
 from tianji.algos.base import Placement
-from tianji.checkpoint import CheckpointError, load_learner
 from tianji.config import Config, ConfigError
-from tianji.envs import make_vector_env
-from tianji.runtime.evaluator import play_greedy
-from tianji.runtime.run import load_run_config
+from tianji.envs.make import make_vector_env
+from tianji.runtime.driver.checkpoint import CheckpointError, load_learner
+from tianji.runtime.roles.evaluator import play_greedy
+from tianji.tools.train import load_run_config
 
 VIDEO_FPS = 30
 

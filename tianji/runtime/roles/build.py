@@ -9,11 +9,11 @@ import torch
 from tianji.algos import get_algo
 from tianji.algos.base import Placement
 from tianji.config import Config
-from tianji.envs import env_spaces, make_vector_env
-from tianji.runtime.actor import Actor
+from tianji.envs.make import env_spaces, make_vector_env
 from tianji.runtime.balance import RateLimiter
-from tianji.runtime.evaluator import Evaluator
-from tianji.runtime.learner import Learner
+from tianji.runtime.roles.actor import Actor
+from tianji.runtime.roles.evaluator import Evaluator
+from tianji.runtime.roles.learner import Learner
 
 
 def actor_seed(cfg: Config, actor_id: int) -> int:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 import zmq
 
-from tianji.checkpoint import save_driver, save_learner_bytes
-from tianji.metrics import Monitor
-from tianji.runtime.links import ControlChannel, log, log_rejected
-from tianji.runtime.run import RunContext
-from tianji.wire import WireError, pack_header, unpack_header
+from tianji.runtime.driver.checkpoint import save_driver, save_learner_bytes
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.transport.links import ControlChannel, log, log_rejected
+from tianji.runtime.transport.wire import WireError, pack_header, unpack_header
 
 STOP_GRACE_S = 20.0
 

@@ -1,5 +1,5 @@
 """The role loops: learner, actor, evaluator. Each knows only its endpoints and its transport
-(`tianji.runtime.links`: shared-memory slots on one machine, array frames across machines); a
+(`tianji.runtime.transport.links`: shared-memory slots on one machine, array frames across machines); a
 launcher decides where it runs and calls `*_main` (or `run_role` with a loop) as a process body.
 
 Every role exits when the driver asks (stop), when the driver falls silent (it died: see
@@ -19,21 +19,30 @@ from typing import Any, Callable
 import torch
 import zmq
 
-from tianji.checkpoint import FileStore, ShippedStore
-from tianji.runtime.actor import Fragment
-from tianji.runtime.balance import CreditLedger
-from tianji.runtime.build import build_actor, build_evaluator, build_learner
-from tianji.runtime.events import ActorReporter, LearnerReporter
-from tianji.runtime.links import (DriverGone, DriverLink, Endpoints, FrameSender, LearnerLink, SlotSender,
-                                  bound_endpoint, die_with_parent, log, log_rejected, socket)
-from tianji.runtime.run import RunContext
-from tianji.runtime.security import Gatekeeper
+from tianji.runtime.driver.checkpoint import FileStore, ShippedStore
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.roles.actor import Fragment
+from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
+from tianji.runtime.roles.reporters import ActorReporter
+from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService
 from tianji.runtime.sync import GroupSpec, GroupStopping, broadcast_from_first, join_group, leave_group, make_sync
-from tianji.shm import SlotReader, pool_path
-from tianji.wire import WireError, decode, encode, pack_header, unpack_header
+from tianji.runtime.transport.links import (
+    DriverGone,
+    DriverLink,
+    Endpoints,
+    FrameSender,
+    LearnerLink,
+    SlotSender,
+    bound_endpoint,
+    die_with_parent,
+    log,
+    log_rejected,
+    socket,
+)
+from tianji.runtime.transport.security import Gatekeeper
+from tianji.runtime.transport.shm import SlotReader, pool_path
+from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
 
-EVENT_INTERVAL_S = 0.1
-MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
 
 
 # ---------------------------------------------------------------- process body shared by every role
@@ -223,19 +232,11 @@ def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Frag
     return Fragment(arrays, meta["actor"], meta["seq"], meta["version"], meta["env_steps"])
 
 
-def _slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:
-    actor, slots = header.get("actor"), header.get("slots", default)
-    if not (isinstance(actor, int) and actor >= 0):
-        raise WireError(f"hello: 'actor' must be a non-negative int, got {actor!r}")
-    if not (isinstance(slots, int) and 1 <= slots <= MAX_SLOTS):
-        raise WireError(f"hello: 'slots' must be an int in [1, {MAX_SLOTS}], got {slots!r}")
-    return actor, slots
-
-
 def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSockets, store: FileStore | ShippedStore,
                  events: zmq.Socket, driver: DriverLink, rank: int = 0, group: GroupSpec | None = None,
                  group_store: Any = None) -> None:
-    """Take fragments while the buffer has room, train when ready, publish weights, grant credits.
+    """Carry the learner service's messages over sockets: hellos and fragment notices in, weights
+    replies, publishes and credits out; events and checkpoints to the driver when the service says.
 
     `epoch` > 0: a restart after a crash; the learner resumes from the last checkpoint in `store`.
     `group`: one of several learners, kept in step through torch.distributed (tianji.runtime.sync).
@@ -251,65 +252,47 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
             group = replace(group, backend="nccl")  # gradients stay on the GPUs
         _join_learner_group(learner, cfg, group, group_store)
-    reporter = LearnerReporter(learner, rank)
+    service = LearnerService(learner, cfg, epoch, rank)
+    reporter = service.reporter
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
-    credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
-    # Fragments are trained from the actors' slots, not copied out first: a slot goes back to its
-    # actor once the algorithm has copied what it keeps (replay) or once the update that trains on
-    # it returns (on-policy). Without back-pressure fragments wait in a backlog, so they are copied.
-    in_place = cfg.balance.backpressure
-    holds = getattr(learner.algo, "holds_fragments", False)
-    trained_in_slot: list[tuple[bytes, int]] = []  # (actor, slot) to free after the next update
 
-    def weights_message() -> list[Any]:
-        return encode({"kind": "weights", "version": learner.version, "epoch": epoch}, learner.weights())
-
-    latest_weights, published = weights_message(), learner.version
+    def weights_message(version: int, weights: Any) -> list[Any]:
+        return encode({"kind": "weights", "version": version, "epoch": epoch}, weights)
 
     def handle(identity: bytes, frames: list[Any]) -> None:
         header = unpack_header(frames[0])
         if header["kind"] == "hello":
-            if "actor" in header:  # the evaluator says hello too, but fills no slots
-                actor_id, slots = _slots_announced(header, cfg.balance.max_inflight)
-                credits.register(actor_id, identity, slots)
-            router.send_multipart([identity, *latest_weights])
+            router.send_multipart([identity, *weights_message(*service.hello(identity, header))])
         elif header["kind"] == "fragment":
-            if header.get("epoch") != epoch:  # for a learner before a restart: its slot was granted anew
-                reporter.stale_notices += 1
+            if not service.notice(identity, header):
                 return
-            slot = header.get("slot")
-            if not credits.arrived(identity, slot):
-                raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
+            slot = header["slot"]
             try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
                 if "shm" in header:
-                    arrays = reader.read(header, copy=not in_place)
+                    arrays = reader.read(header, copy=not service.trains_in_slot)
                 else:
                     arrays = decode(frames)[1]
                     reporter.fragments_in_frames += 1
                 fragment = fragment_from_header(header, arrays)
-            except Exception:  # rejected: the slot is the learner's again
-                credits.release(identity, slot)
+            except Exception:
+                service.reject(identity, slot)
                 raise
-            if learner.consume(fragment) and holds and in_place and "shm" in header:
-                trained_in_slot.append((identity, slot))
-            else:
-                credits.release(identity, slot)
+            service.take(identity, slot, fragment, in_slot="shm" in header)
         else:
             raise WireError(f"unexpected message kind {header['kind']!r}")
 
     def checkpoint() -> None:
         events.send_multipart(store.save(learner.state_dict()))
 
-    last_event = last_checkpoint = time.time()
     while True:
-        timeout = 0 if learner.ready() or not learner.wants_data() else 50
+        timeout = 0 if service.ready() or not service.wants_data() else 50
         started = time.perf_counter()
         poller.poll(timeout)
         reporter.wait_s += time.perf_counter() - started
         if _orders(driver):
-            learner.stop_sync()  # with a group, stopping is a collective: the others leave with it
+            service.stop()  # with a group, stopping is a collective: the others leave with it
             break
-        while learner.wants_data() and router.poll(0):
+        while service.wants_data() and router.poll(0):
             identity, *frames = router.recv_multipart(copy=False)
             try:
                 handle(identity.bytes, frames)
@@ -317,29 +300,19 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
                 reporter.bad_messages += 1
                 log_rejected(f"learner{rank}", reporter.bad_messages, exc)
         try:
-            if learner.ready():
-                learner.update()
-                for identity, slot in trained_in_slot:
-                    credits.release(identity, slot)
-                trained_in_slot.clear()
-                if learner.version % cfg.balance.publish_every == 0:
-                    latest_weights, published = weights_message(), learner.version
-                    publisher.send_multipart(latest_weights, copy=False)
-            else:
-                learner.poll_sync()
+            published = service.step()
         except GroupStopping:  # another learner of the group is stopping
             break
-        for identity, slot, min_version in credits.grant(learner.version, learner.versions_per_fragment, published):
+        if published is not None:
+            publisher.send_multipart(weights_message(*published), copy=False)
+        for identity, slot, min_version in service.grants():
             router.send_multipart([identity, pack_header(
                 {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
-        now = time.time()
-        if now - last_event >= EVENT_INTERVAL_S:
+        if service.event_due():
             reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0
             events.send(pack_header(reporter.event()))
-            last_event = now
-        if now - last_checkpoint >= cfg.checkpoint.interval_s:
+        if service.checkpoint_due():
             checkpoint()
-            last_checkpoint = now
     checkpoint()
     events.send(pack_header(reporter.event()))
     events.send(pack_header({"kind": "stopped", "version": learner.version}))

@@ -119,7 +119,7 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     """Measure one actor per envs-per-actor value and one learner, each on one core, in this process."""
     import torch
 
-    from tianji.runtime.build import build_actor, build_learner
+    from tianji.runtime.roles.build import build_actor, build_learner
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -348,7 +348,7 @@ def load_or_calibrate(cfg: Config, space: Space, use_cache: bool = True) -> tupl
 
 
 def _calibrate_child(cfg_json: str, space: Space, conn, parent_pid: int) -> None:
-    from tianji.runtime.links import die_with_parent
+    from tianji.runtime.transport.links import die_with_parent
 
     die_with_parent(parent_pid)
     try:

@@ -17,8 +17,8 @@ from collections import deque
 from typing import Any
 
 from tianji.algos.base import AlgoLearner, Arrays
-from tianji.runtime.actor import Fragment
 from tianji.runtime.balance import LagStats, RateLimiter
+from tianji.runtime.roles.actor import Fragment
 
 VERSIONS_EMA = 0.2
 

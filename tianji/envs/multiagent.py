@@ -76,7 +76,7 @@ def multiagent_spaces(cfg: EnvConfig) -> tuple[gym.spaces.Dict, gym.spaces.Multi
 _CHILD = """
 import json, sys
 from tianji.config import ConfigError
-from tianji.multiagent import smax_sizes
+from tianji.envs.multiagent import smax_sizes
 try:
     print(json.dumps({"sizes": smax_sizes(*json.loads(sys.argv[1]))}))
 except ConfigError as exc:

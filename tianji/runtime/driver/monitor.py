@@ -113,7 +113,7 @@ class Monitor:
         self.per_learner_lags[rank].update(int(x) for x in e.get("lags", []))
         self._per_learner_window[rank].extend(int(x) for x in e.get("lags", []))
         for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices",
-                    "refused_peers", "fragments_in_frames"):
+                    "refused_peers", "fragments_in_frames", "credits_granted"):
             self.totals[key] += int(e.get(key, 0))
         self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
         self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
@@ -259,6 +259,7 @@ class Monitor:
             "wall_time_s": round(self.elapsed(), 3),
             **lag_summary(self.lag_hist),  # of the fragments trained on: never over balance.max_policy_lag
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},
+            "credits_granted": int(self.totals["credits_granted"]),  # slots the learners let actors fill
             "fragments_trained": int(self.totals["fragments_consumed"]),
             "fragments_dropped": int(self.totals["dropped"]),
             "dropped_fraction": self.totals["dropped"] / max(1, self.totals["dropped"] + self.totals["fragments_consumed"]),

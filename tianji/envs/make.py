@@ -7,7 +7,7 @@ Three ways to name an environment in `env`:
     id: "myenvs:GridWalk-v0"               # import `myenvs` first (its gymnasium.register calls run)
     entry_point: "myenvs:GridWalk"         # a class or function returning a gymnasium.Env, with env.kwargs
     id: smax:3m                            # cooperative multi-agent: SMAX maps, PettingZoo parallel envs
-    id: pettingzoo:mpe2.simple_spread_v3   #   (tianji.multiagent)
+    id: pettingzoo:mpe2.simple_spread_v3   #   (tianji.envs.multiagent)
 
 Every process that builds envs resolves the config itself (importing the module), so roles
 started fresh rather than forked, or on other machines, find the user's environment too.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from tianji.config import ConfigError, EnvConfig
-from tianji.multiagent import is_multiagent, make_multiagent, multiagent_spaces
+from tianji.envs.multiagent import is_multiagent, make_multiagent, multiagent_spaces
 
 
 def _import_module(module: str, field: str) -> Any:

@@ -5,7 +5,7 @@ starting and restarting them, and carrying small control messages (where a role 
 learner listens, the run's keys). Samples and weights never go through Ray: they travel on
 TianJi's own data plane, shared-memory slots when an actor and the learner share a node and
 CURVE-encrypted ZeroMQ TCP between nodes. The driver stays the supervising process, as with the
-local launcher (`tianji.runtime.driver`).
+local launcher (`tianji.runtime.driver.supervise`).
 
     tianji train cartpole-ppo --launcher ray                  # a Ray instance for this run only
     tianji train cartpole-ppo --launcher ray --address auto   # the cluster `ray start --head` made
@@ -23,15 +23,23 @@ from typing import Any
 
 import zmq
 
-from tianji.checkpoint import ShippedStore, learner_file
 from tianji.config import Config, ConfigError, build_config
-from tianji.metrics import Monitor
-from tianji.runtime.driver import RoleError, drive, is_learner
-from tianji.runtime.links import ControlChannel, Endpoints, bound_endpoint, log, new_token, socket, sweep_leftovers
-from tianji.runtime.roles import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
-from tianji.runtime.run import RunContext
-from tianji.runtime.security import CurveKeys, Gatekeeper
+from tianji.runtime.driver.checkpoint import ShippedStore, learner_file
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.driver.supervise import RoleError, drive, is_learner
+from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
 from tianji.runtime.sync import GroupSpec, rendezvous_store
+from tianji.runtime.transport.links import (
+    ControlChannel,
+    Endpoints,
+    bound_endpoint,
+    log,
+    new_token,
+    socket,
+    sweep_leftovers,
+)
+from tianji.runtime.transport.security import CurveKeys, Gatekeeper
 
 ANY_INTERFACE = "0.0.0.0"
 LOOPBACK = "127.0.0.1"

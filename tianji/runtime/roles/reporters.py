@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tianji.runtime.actor import Actor
-from tianji.runtime.learner import Learner
+from tianji.runtime.balance import CreditLedger
+from tianji.runtime.roles.actor import Actor
+from tianji.runtime.roles.learner import Learner
 
 
 class _Deltas:
@@ -33,8 +34,9 @@ class ActorReporter:
 
 
 class LearnerReporter:
-    def __init__(self, learner: Learner, rank: int = 0):
+    def __init__(self, learner: Learner, rank: int = 0, credits: CreditLedger | None = None):
         self.learner = learner
+        self.credits = credits
         self.rank = rank
         self.wait_s = 0.0
         self.bad_messages = 0
@@ -57,6 +59,7 @@ class LearnerReporter:
             "stale_notices": self.stale_notices,
             "refused_peers": self.refused_peers,
             "fragments_in_frames": self.fragments_in_frames,
+            "credits_granted": self.credits.granted if self.credits is not None else 0,
             "insert_blocked_s": lr.limiter.blocked_s["insert"],
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }

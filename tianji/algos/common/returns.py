@@ -1,7 +1,7 @@
 """V-trace (Espeholt et al., 2018): off-policy corrected value targets and policy-gradient advantages
 for fragments produced by an older policy. Pure tensor math, tested against a NumPy reference.
 
-Fragments follow the actor's recording convention (tianji.runtime.actor): the row after an
+Fragments follow the actor's recording convention (tianji.runtime.roles.actor): the row after an
 episode's last step holds its final observation and is invalid. So at a done row the traces are
 cut (nothing flows back from the next episode), a terminated step bootstraps from zero and a
 truncated one from V(final observation) = values[t + 1].

@@ -1,0 +1,78 @@
+"""Inline launcher: every role in this process, stepped in a fixed order (tests, debugging).
+
+It drives the same `LearnerService` as the other launchers, by calls instead of sockets: each
+actor says hello, fills only the slots the service grants it, from weights at least as new as the
+grant asks, and the service trains, bounds lag, limits the replay ratio and returns the slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from tianji.runtime.driver.checkpoint import load_learner, save_driver, save_learner
+from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.roles.actor import Actor
+from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
+from tianji.runtime.roles.reporters import ActorReporter
+from tianji.runtime.roles.service import LearnerService
+
+
+def run_inline(run: RunContext, monitor: Monitor) -> str:
+    """Train until a stop condition; returns the stop reason."""
+    cfg = run.cfg
+    torch.set_num_threads(cfg.topology.learner_threads)
+    service = LearnerService(build_learner(cfg, load_learner(run.checkpoint_dir) if run.resumed else None), cfg)
+    actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
+    credits: dict[int, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
+    for actor in actors:
+        actor.set_weights(*service.hello(actor.actor_id, {"kind": "hello", "actor": actor.actor_id}))
+    actor_reporters = [ActorReporter(a) for a in actors]
+
+    def checkpoint() -> None:
+        save_learner(run.checkpoint_dir, service.learner.state_dict())
+        save_driver(run.checkpoint_dir, monitor.state())
+
+    evaluator = build_evaluator(cfg) if cfg.eval.interval_s is not None else None
+    last_eval = time.time()
+    reason = None
+    try:
+        while (reason := monitor.stop_reason()) is None:
+            for actor, reporter in zip(actors, actor_reporters):
+                for peer, slot, min_version in service.grants():
+                    credits[peer].append((slot, min_version))
+                if credits[actor.actor_id] and service.wants_data():
+                    _collect(actor, credits[actor.actor_id].popleft(), service)
+                    monitor.on_event(reporter.event())
+                while service.ready():
+                    published = service.step()
+                    if published is not None:
+                        for a in actors:
+                            a.set_weights(*published)
+                monitor.on_event(service.reporter.event())
+            if evaluator is not None and time.time() - last_eval >= cfg.eval.interval_s:
+                evaluator.set_weights(service.published, service.published_weights)
+                monitor.on_event(evaluator.evaluate())
+                last_eval = time.time()
+            monitor.tick()
+            if service.checkpoint_due():
+                checkpoint()
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    checkpoint()
+    for actor in actors:
+        actor.envs.close()
+    return reason
+
+
+def _collect(actor: Actor, credit: tuple[int, int], service: LearnerService) -> None:
+    """Fill one granted slot and hand it over, as an actor process does through its slot file."""
+    slot, min_version = credit
+    assert actor.version >= min_version, "inline actors get every publish at once"
+    fragment = actor.collect()
+    header = {"kind": "fragment", "slot": slot, "epoch": service.epoch}
+    if service.notice(actor.actor_id, header):
+        service.take(actor.actor_id, slot, fragment, in_slot=True)

@@ -1,0 +1,144 @@
+"""The learner's half of the protocol, with no sockets: every launcher drives this one object.
+
+Inline steps it by calls; the local and Ray launchers' learner loop (`loops.learner_loop`) feeds
+it the messages its sockets receive and sends what it returns. So all three run the same
+credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and checkpoint timing.
+
+    service = LearnerService(learner, cfg, epoch=0)
+    service.hello(peer, {"kind": "hello", "actor": 0, "slots": 2})   # -> the weights to reply with
+    for peer, slot, min_version in service.grants(): ...             # credits to send
+    if service.notice(peer, header):                                 # a fragment in a granted slot
+        service.take(peer, slot, fragment, in_slot=True)
+    published = service.step()          # one update when ready; new weights to publish, or None
+    if service.checkpoint_due(): save(service.learner.state_dict())
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Hashable
+
+from tianji.config import Config
+from tianji.runtime.balance import CreditLedger
+from tianji.runtime.roles.actor import Fragment
+from tianji.runtime.roles.learner import Learner
+from tianji.runtime.roles.reporters import LearnerReporter
+from tianji.runtime.transport.wire import WireError
+
+EVENT_INTERVAL_S = 0.1
+MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
+
+
+class LearnerService:
+    """Hello, notices, lag-aware grants, slot lifetimes, publishing, group sync, event and checkpoint
+    timing around one `Learner`. A peer is whatever the transport names a sender by (a ZeroMQ
+    identity, an actor id inline)."""
+
+    def __init__(self, learner: Learner, cfg: Config, epoch: int = 0, rank: int = 0, clock=time.time):
+        self.learner = learner
+        self.epoch = epoch
+        self.publish_every = cfg.balance.publish_every
+        self.default_slots = cfg.balance.max_inflight
+        self.checkpoint_interval_s = cfg.checkpoint.interval_s
+        self.credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
+        self.reporter = LearnerReporter(learner, rank, self.credits)
+        # Without back-pressure fragments wait in a backlog, so they must be copied out of their slot;
+        # with it, a slot goes back to its actor once the algorithm has copied what it keeps (replay)
+        # or once the update that trains on it returns (on-policy: the algorithm holds fragments).
+        self.trains_in_slot = cfg.balance.backpressure
+        self._holds = bool(getattr(learner.algo, "holds_fragments", False))
+        self._trained_in_slot: list[tuple[Hashable, int]] = []
+        self.published = learner.version
+        self.published_weights = learner.weights()
+        self.clock = clock
+        self._last_event = self._last_checkpoint = clock()
+
+    # ------------------------------------------------------------ messages in
+
+    def hello(self, peer: Hashable, header: dict[str, Any]) -> tuple[int, Any]:
+        """An actor (or the evaluator) said hello: an actor's slots are the learner's to grant.
+        Returns the weights to reply with: (version, arrays)."""
+        if "actor" in header:  # the evaluator says hello too, but fills no slots
+            actor_id, slots = slots_announced(header, self.default_slots)
+            self.credits.register(actor_id, peer, slots)
+        return self.published, self.published_weights
+
+    def notice(self, peer: Hashable, header: dict[str, Any]) -> bool:
+        """A fragment notice came: True when its arrays are to be read and taken; False when it is for
+        an earlier learner incarnation (its slot was granted anew). Raises WireError for a slot that
+        was not granted to its sender."""
+        if header.get("epoch") != self.epoch:
+            self.reporter.stale_notices += 1
+            return False
+        slot = header.get("slot")
+        if not self.credits.arrived(peer, slot):
+            raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
+        return True
+
+    def take(self, peer: Hashable, slot: int, fragment: Fragment, in_slot: bool) -> None:
+        """Hand the learner a noticed fragment. `in_slot`: its arrays are views of the sender's slot,
+        which then stays the learner's until the update that trains on it returns."""
+        if self.learner.consume(fragment) and self._holds and in_slot and self.trains_in_slot:
+            self._trained_in_slot.append((peer, slot))
+        else:
+            self.credits.release(peer, slot)
+
+    def reject(self, peer: Hashable, slot: int) -> None:
+        """A noticed fragment could not be read: its slot is the learner's again."""
+        self.credits.release(peer, slot)
+
+    # ------------------------------------------------------------ work
+
+    def wants_data(self) -> bool:
+        return self.learner.wants_data()
+
+    def ready(self) -> bool:
+        return self.learner.ready()
+
+    def step(self) -> tuple[int, Any] | None:
+        """Train once if the balance rules allow; returns new weights to publish (version, arrays) or
+        None. Raises tianji.runtime.sync.GroupStopping when another learner of the group stops."""
+        if not self.learner.ready():
+            self.learner.poll_sync()
+            return None
+        self.learner.update()
+        for peer, slot in self._trained_in_slot:
+            self.credits.release(peer, slot)
+        self._trained_in_slot.clear()
+        if self.learner.version % self.publish_every:
+            return None
+        self.published, self.published_weights = self.learner.version, self.learner.weights()
+        return self.published, self.published_weights
+
+    def grants(self) -> list[tuple[Hashable, int, int]]:
+        """Credits to send now: (peer, slot, min_version)."""
+        lr = self.learner
+        return self.credits.grant(lr.version, lr.versions_per_fragment, self.published)
+
+    def stop(self) -> None:
+        """Leave the learner group in step with the others (with a group, stopping is a collective)."""
+        self.learner.stop_sync()
+
+    # ------------------------------------------------------------ timing
+
+    def event_due(self) -> bool:
+        return self._due("_last_event", EVENT_INTERVAL_S)
+
+    def checkpoint_due(self) -> bool:
+        return self._due("_last_checkpoint", self.checkpoint_interval_s)
+
+    def _due(self, last: str, interval_s: float) -> bool:
+        now = self.clock()
+        if now - getattr(self, last) < interval_s:
+            return False
+        setattr(self, last, now)
+        return True
+
+
+def slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:
+    actor, slots = header.get("actor"), header.get("slots", default)
+    if not (isinstance(actor, int) and actor >= 0):
+        raise WireError(f"hello: 'actor' must be a non-negative int, got {actor!r}")
+    if not (isinstance(slots, int) and 1 <= slots <= MAX_SLOTS):
+        raise WireError(f"hello: 'slots' must be an int in [1, {MAX_SLOTS}], got {slots!r}")
+    return actor, slots
