@@ -189,22 +189,26 @@ def test_a_rank_killed_before_its_first_checkpoint_restarts_from_rank_zeros(tiny
     assert restored["version"] == load_learner(run_dir / "checkpoints", 0)["version"]
 
 
-@pytest.mark.parametrize("algo", [{"name": "ppo", "epochs": 1, "minibatches": 1}, {"name": "dqn", "learning_starts": 256, "batch_size": 32}])
-def test_inline_and_local_run_the_same_balance_logic(algo, tmp_path):
+@pytest.mark.parametrize("algo, balance", [
+    ({"name": "ppo", "epochs": 1, "minibatches": 1}, {"max_policy_lag": 1}),
+    ({"name": "dqn", "learning_starts": 256, "batch_size": 32}, {"max_policy_lag": 32, "replay_ratio": 4}),
+])
+def test_inline_and_local_run_the_same_balance_logic(algo, balance, tmp_path):
     """Both launchers drive one learner service: credits granted, lag inside the bound, nothing dropped
-    (lag-aware credits let no actor produce a fragment destined to be dropped)."""
+    (lag-aware credits let no actor produce a fragment destined to be dropped), the replay ratio held."""
     from tianji.config import build_config
 
-    bound = 1
     raw = {"name": "balance", "algo": algo, "stop": {"max_env_steps": 4096},
            "topology": {"actors": 2, "envs_per_actor": 4, "fragment_length": 16},
-           "balance": {"max_policy_lag": bound, "max_inflight": 2},
-           "logging": {"console": False, "interval_s": 0.2}}
+           "balance": {**balance, "max_inflight": 2}, "logging": {"console": False, "interval_s": 0.2}}
     summaries = {launcher: train(build_config(raw), launcher, run_dir=str(tmp_path / launcher))[1]
                  for launcher in ("inline", "local")}
+    bound = balance["max_policy_lag"]
     for launcher, summary in summaries.items():
         lags = {int(lag) for lag in summary["policy_lag_histogram"]}
         assert summary["fragments_trained"] > 0, launcher
         assert max(lags) <= bound and summary["policy_lag_max"] <= bound, (launcher, summary["policy_lag_histogram"])
         assert summary["fragments_dropped"] == 0, launcher
         assert summary["fragments_trained"] <= summary["credits_granted"], launcher  # only granted slots are filled
+        if "replay_ratio" in balance:
+            assert abs(summary["replay_ratio"] / balance["replay_ratio"] - 1) < 0.25, (launcher, summary["replay_ratio"])

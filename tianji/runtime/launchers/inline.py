@@ -47,11 +47,10 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
                 if credits[actor.actor_id] and service.wants_data():
                     _collect(actor, credits[actor.actor_id].popleft(), service)
                     monitor.on_event(reporter.event())
-                while service.ready():
-                    published = service.step()
-                    if published is not None:
-                        for a in actors:
-                            a.set_weights(*published)
+                published = service.step()  # at most one update per turn, as the learner loop does
+                if published is not None:
+                    for a in actors:
+                        a.set_weights(*published)
                 monitor.on_event(service.reporter.event())
             if evaluator is not None and time.time() - last_eval >= cfg.eval.interval_s:
                 evaluator.set_weights(service.published, service.published_weights)
