@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tianji.algos.common.replay import PrioritizedReplay, SumTree
-from tianji.algos.dqn import double_q_targets, epsilon_ladder, nstep_transitions, td_loss
+from tianji.algos.common.returns import nstep_transitions
+from tianji.algos.dqn import double_q_targets, epsilon_ladder, td_loss
 
 
 def test_nstep_returns_hand_computed():

@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.qmix import Mixer, QMIXPolicy, _random_available, double_q_next, masked_argmax, td_lambda_targets
-from tianji.config import ConfigError, EnvConfig, QMIXConfig, load_config
+from tianji.algos.common.returns import td_lambda_targets
+from tianji.algos.qmix import (
+    Mixer,
+    QMIXConfig,
+    QMIXPolicy,
+    _random_available,
+    double_q_next,
+    masked_argmax,
+)
+from tianji.config import ConfigError, EnvConfig, load_config
 from tianji.envs.make import env_spaces, make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools.train import train

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tianji.algos.common.optim import Adam, GradientStep, LinearDecay, RMSprop, lr_schedule, make_optimizer
-from tianji.config import OptimizerConfig
+from tianji.algos.common.settings import OptimizerConfig
 
 
 def make_net(seed: int) -> torch.nn.Module:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.ppo import compute_gae, ppo_loss
-from tianji.config import PPOConfig
+from tianji.algos.common.returns import compute_gae
+from tianji.algos.ppo import PPOConfig, ppo_loss
 
 
 def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam):

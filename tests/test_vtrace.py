@@ -83,8 +83,7 @@ def test_truncated_trace_levels_limit_the_correction():
 
 
 def _policy_gradient(advantages: torch.Tensor, advantage_norm: str) -> torch.Tensor:
-    from tianji.algos.impala import impala_loss
-    from tianji.config import IMPALAConfig
+    from tianji.algos.impala import IMPALAConfig, impala_loss
 
     logits = torch.zeros(len(advantages), 3, requires_grad=True)
     logp = torch.log_softmax(logits, -1)[:, 0]

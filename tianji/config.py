@@ -1,4 +1,6 @@
-"""Typed run configuration.
+"""Typed run configuration, assembled from the sections each part owns: `env` (tianji.envs.config),
+`algo` (each algorithm's module, found through the registry in tianji.algos) and the runtime's
+sections below.
 
 Every field carries a description; those descriptions are the CLI help
 (`tianji train --help`). Configs are frozen: a run's config never changes after
@@ -7,242 +9,23 @@ it is resolved and saved as `config.yaml` in the run directory.
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from tianji.algos import ALGOS
+from tianji.envs.config import EnvConfig
+from tianji.sections import ConfigError, Section
+
+__all__ = ["AlgoConfig", "Config", "ConfigError", "EnvConfig", "build_config", "load_config"]
+
+AlgoConfig = Annotated[Union[tuple(spec.config for spec in ALGOS.values())], Field(discriminator="name")]
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the field and what was expected."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-DEFAULT_ENV_ID = "CartPole-v1"
-
-
-class EnvConfig(_Section):
-    id: str | None = Field(
-        None, description="Gymnasium environment id (CartPole-v1), or 'module:EnvId' for your own environment: the "
-        "module is imported first (in every process) so that its gymnasium.register calls run; 'ALE/Pong-v5' "
-        "for Atari; 'smax:3m' (any SMAX map) or 'pettingzoo:mpe2.simple_spread_v3' (a PettingZoo parallel env "
-        "module) for cooperative multi-agent training. "
-        f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.")
-    entry_point: str | None = Field(
-        None, description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
-        "env.kwargs; for environments that are not registered. Set this or env.id, not both.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make "
-                                   "(registered ids), the env.entry_point factory, or ale-py's AtariVectorEnv "
-                                   "(ALE/ ids, e.g. repeat_action_probability: 0.25 for sticky actions).")
-    reward_clip: float | None = Field(
-        None, gt=0, description="Clip rewards to [-reward_clip, reward_clip] for training only; returns in the "
-        "metrics and the stop target stay the real game score (Atari presets: 1).")
-
-    @field_validator("entry_point")
-    @classmethod
-    def _module_colon_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", value):
-            raise ValueError(f"expected 'package.module:factory', got {value!r}")
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_source(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            if data.get("id") is not None and data.get("entry_point") is not None:
-                raise ValueError("set env.id or env.entry_point, not both")
-            if data.get("id") is None and data.get("entry_point") is None:
-                data = {**data, "id": DEFAULT_ENV_ID}
-        return data
-
-    def describe(self) -> str:
-        return f"env.id {self.id!r}" if self.id is not None else f"env.entry_point {self.entry_point!r}"
-
-
-class OptimizerConfig(_Section):
-    name: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (not centered) as in the IMPALA paper.")
-    eps: float = Field(1e-8, gt=0, description="Added to the root of the squared-gradient average. Losses are means "
-                       "over the batch: a reference that sums its loss over B samples used B times this eps.")
-    beta1: float = Field(0.9, ge=0, lt=1, description="adam: decay of the gradient average.")
-    beta2: float = Field(0.999, ge=0, lt=1, description="adam: decay of the squared-gradient average.")
-    alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop: decay of the squared-gradient average.")
-    momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop: momentum.")
-
-
-class _Trained(_Section):
-    """Optimisation fields every algorithm shares (name and lr first: each algorithm sets them)."""
-
-    name: str
-    lr: float
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
-    lr_schedule: Literal["constant", "linear"] = Field(
-        "constant", description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
-        "env steps (consumed by the learners).")
-    lr_horizon: int | None = Field(None, ge=1, description="Env steps over which a linear schedule reaches zero "
-                                   "(null: stop.max_env_steps).")
-
-
-def _adam_eps(eps: float) -> Any:
-    return Field(default_factory=lambda: OptimizerConfig(eps=eps), description="Optimizer.")
-
-
-ModelName = Literal["auto", "mlp", "cnn", "cnn_small"]
-MODEL_DESCRIPTION = ("Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
-                     "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
-                     "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU.")
-INIT_DESCRIPTION = ("Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
-                    "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01).")
-
-
-class PPOConfig(_Trained):
-    name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
-    optimizer: OptimizerConfig = _adam_eps(1e-5)
-    lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    epochs: int = Field(4, ge=1, description="Passes over each batch.")
-    minibatches: int = Field(4, ge=1, description="Minibatches per epoch.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "the actor's value estimate in the value loss (PPO2's value clipping; "
-                                     "null: no clipping).")
-    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
-    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
-
-
-class DQNConfig(_Trained):
-    name: Literal["dqn"] = Field("dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy).")
-    lr: float = Field(1e-3, gt=0, description="Learning rate (the start of a schedule).")
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")
-    double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
-    dueling: bool = Field(True, description="Dueling value/advantage heads.")
-    hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
-    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
-    batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
-    buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
-    learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
-    target_update_interval: int = Field(250, ge=1, description="Hard target-network update every N updates (when target_tau is 1).")
-    target_tau: float = Field(1.0, gt=0, le=1, description="Polyak factor per update; 1 means periodic hard updates.")
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    prioritized: bool = Field(True, description="Proportional prioritized replay (priorities from actors, then TD errors).")
-    priority_alpha: float = Field(0.6, ge=0, description="Priority exponent.")
-    beta_start: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start, annealed to 1.")
-    beta_anneal_updates: int = Field(20_000, ge=1, description="Updates over which beta anneals to 1.")
-    exploration: Literal["ladder", "linear"] = Field(
-        "ladder", description="ladder: fixed per-env epsilon_i = epsilon**(1 + epsilon_alpha*i/(N-1)) over all envs "
-        "of all actors (Ape-X); linear: each actor anneals from epsilon_start to epsilon over its own steps.")
-    epsilon: float = Field(0.4, ge=0, le=1, description="Ladder base epsilon, or the final epsilon of the linear schedule.")
-    epsilon_alpha: float = Field(7.0, ge=0, description="Ladder exponent alpha.")
-    epsilon_start: float = Field(1.0, ge=0, le=1, description="Linear schedule: starting epsilon.")
-    epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
-
-
-class _VTrace(_Trained):
-    """What IMPALA and APPO share: V-trace targets, the loss weights and the network."""
-
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
-    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
-    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
-    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
-
-
-class IMPALAConfig(_VTrace):
-    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
-                                    "off-policy correction (tolerates policy lag).")
-    lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
-    max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
-    minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
-                             "its samples (V-trace targets computed once per batch).")
-    epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
-    advantage_norm: Literal["none", "center", "standard"] = Field(
-        "none", description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
-        "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
-        "taken), standard (also divide by their deviation, as PPO does).")
-    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
-
-
-class APPOConfig(_VTrace):
-    name: Literal["appo"] = Field("appo", description="Algorithm: APPO, IMPALA's actors and V-trace targets with "
-                                  "PPO's clipped surrogate and several passes over each batch.")
-    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
-    optimizer: OptimizerConfig = _adam_eps(1e-5)
-    clip: float = Field(0.2, gt=0, description="PPO ratio clip range (the ratio to the behaviour policy).")
-    epochs: int = Field(2, ge=1, description="Passes over each batch.")
-    minibatches: int = Field(2, ge=1, description="Minibatches (random samples of the batch) per pass.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "its value before the update in the value loss (null: no clipping).")
-    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
-
-
-class QMIXConfig(_Trained):
-    name: Literal["qmix"] = Field("qmix", description="Algorithm: QMIX, value decomposition for cooperative "
-                                  "multi-agent envs (recurrent agents, monotonic mixer; off-policy).")
-    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")
-    rnn_hidden: int = Field(64, ge=1, description="Width of the agent network's GRU.")
-    mixer_embed: int = Field(32, ge=1, description="Width of the mixing network.")
-    batch_sequences: int = Field(32, ge=1, description="Sequences (one env's fragment each) per gradient step.")
-    buffer_sequences: int = Field(5000, ge=1, description="Replay capacity in sequences.")
-    learning_starts_sequences: int = Field(64, ge=0, description="Sequences in replay before training starts.")
-    target_update_interval: int = Field(200, ge=1, description="Updates between copies into the target networks.")
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    epsilon_start: float = Field(1.0, ge=0, le=1, description="Exploration: starting epsilon.")
-    epsilon: float = Field(0.05, ge=0, le=1, description="Exploration: final epsilon.")
-    epsilon_decay_steps: int = Field(50_000, ge=1, description="Env steps (per actor) over which epsilon anneals.")
-
-
-class MAPPOConfig(_Trained):
-    name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
-                                   "multi-agent envs with a centralised value (IPPO with centralised_value false).")
-    optimizer: OptimizerConfig = _adam_eps(1e-5)
-    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
-    epochs: int = Field(5, ge=1, description="Passes over each batch.")
-    minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "the actor's value estimate in the value loss (null: no clipping).")
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and "
-                              "value MLPs.")
-    centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
-                                    "own observation (IPPO).")
-    recurrent: bool = Field(False, description="A GRU memory in the policy (trained on whole env sequences; "
-                            "minibatches then split the envs).")
-    rnn_hidden: int = Field(64, ge=1, description="Width of the policy's GRU when recurrent.")
-
-
-AlgoConfig = Annotated[Union[PPOConfig, DQNConfig, IMPALAConfig, APPOConfig, QMIXConfig, MAPPOConfig],
-                       Field(discriminator="name")]
-
-
-class TopologyConfig(_Section):
+class TopologyConfig(Section):
     learners: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         1, description="Learner processes, each with its own actors (assigned evenly), buffer, credits and lag "
         "accounting, kept in step by torch.distributed (see sync.*); auto: chosen by measurement with the actors.")
@@ -257,13 +40,13 @@ class TopologyConfig(_Section):
     learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
 
 
-class LearnerConfig(_Section):
+class LearnerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the learner trains: auto picks CUDA when present (pinned host buffers, "
         "non-blocking copies); actors always run on CPU.")
 
 
-class SyncConfig(_Section):
+class SyncConfig(Section):
     mode: Literal["allreduce", "average"] = Field(
         "allreduce", description="With several learners: allreduce averages gradients at every optimizer step "
         "(identical weights, learners wait for each other); average averages parameters every sync.every updates "
@@ -276,7 +59,7 @@ class SyncConfig(_Section):
                              "group (a dead learner), which the driver restarts from the last checkpoint.")
 
 
-class BalanceConfig(_Section):
+class BalanceConfig(Section):
     max_policy_lag: int = Field(8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted).")
     max_inflight: int = Field(2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits).")
     backpressure: bool = Field(
@@ -289,7 +72,7 @@ class BalanceConfig(_Section):
     replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
 
 
-class StopConfig(_Section):
+class StopConfig(Section):
     target_return: float | None = Field(None, description="Stop when target_metric reaches this return.")
     target_metric: Literal["train", "eval", "eval_win_rate"] = Field(
         "train", description="train: mean return of the last 100 training episodes; eval: mean greedy return of "
@@ -299,20 +82,20 @@ class StopConfig(_Section):
     max_wall_time_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     interval_s: float | None = Field(None, gt=0, description="Seconds between greedy evaluations of the newest "
                                      "weights, in their own role (null: no evaluation).")
     episodes: int = Field(20, ge=1, description="Episodes per evaluation round (run as one vector env).")
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     run_root: str = Field("runs", description="Folder in which run directories are created.")
     console: bool = Field(True, description="Show a live progress line in the terminal.")
     interval_s: float = Field(1.0, gt=0, description="Seconds between metric rows (CSV, TensorBoard, console).")
     tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
 
 
-class SupervisionConfig(_Section):
+class SupervisionConfig(Section):
     max_actor_restarts: int = Field(10, ge=0, description="Restarts of dead or silent actors and evaluator over "
                                     "the run before it is stopped as failed.")
     max_learner_restarts: int = Field(3, ge=0, description="Restarts of the learner (from the last checkpoint; "
@@ -323,7 +106,7 @@ class SupervisionConfig(_Section):
                                     "exits: the driver is gone (killed, OOM, closed session).")
 
 
-class RayConfig(_Section):
+class RayConfig(Section):
     address: str | None = Field(
         None, description="Ray cluster to join with --launcher ray: 'auto' (the cluster `ray start --head` made "
         "on this machine), 'HOST:PORT', or null to start a Ray instance for this run only.")
@@ -347,15 +130,15 @@ class RayConfig(_Section):
         "that nodes find your own environment module).")
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
 
 
-class Config(_Section):
+class Config(Section):
     name: str = Field("run", description="Run name, the prefix of the run directory.")
     seed: int = Field(0, ge=0, description="Seed for envs, networks and sampling; repeatable as far as asynchrony allows.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
-    algo: AlgoConfig = Field(default_factory=PPOConfig, description="Algorithm and its hyperparameters.")
+    algo: AlgoConfig = Field(default_factory=ALGOS["ppo"].config, description="Algorithm and its hyperparameters.")
     topology: TopologyConfig = Field(default_factory=TopologyConfig, description="Actors, envs per actor, fragment size.")
     balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Production-consumption balance.")
     sync: SyncConfig = Field(default_factory=SyncConfig, description="Keeping several learners in step.")

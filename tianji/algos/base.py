@@ -105,12 +105,22 @@ class AlgoLearner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def net_weights(state: Mapping[str, Any]) -> Arrays:
+    """The policy's weights in a learner checkpoint's `algo` state that keeps its policy as `net`."""
+    return {name: tensor.cpu().numpy() for name, tensor in state["net"].items()}
+
+
 @dataclass(frozen=True)
 class AlgoSpec:
+    """Everything the runtime and the tools know of an algorithm; each algorithm module defines one
+    (`SPEC`) and `tianji.algos.ALGOS` lists them."""
+
     name: str
+    config: type  # its `algo` config section (a pydantic model whose `name` field is `name`)
     make_policy: Callable[[Any, Any, Any, Placement], ActorPolicy]
     make_learner: Callable[..., AlgoLearner]  # (algo config, obs space, action space, device="cpu")
     check_spaces: Callable[[Any, Any], None]  # raises ValueError naming what the algorithm cannot take
+    policy_weights: Callable[[Mapping[str, Any]], Arrays] = net_weights  # from a checkpoint's `algo` state
 
 
 def resolve_device(device: str) -> torch.device:

@@ -7,15 +7,17 @@ against hand-computed references. `DQNPolicy` runs in actors, `DQNLearner` in th
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from tianji.algos.base import (
     NO_HOOK,
+    AlgoSpec,
     Arrays,
     NetAndOptimizer,
     Placement,
@@ -24,11 +26,40 @@ from tianji.algos.base import (
     to_device,
 )
 from tianji.algos.common.networks import make_trunk
-from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
+from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.replay import PrioritizedReplay
-from tianji.config import DQNConfig
+from tianji.algos.common.returns import nstep_transitions
+from tianji.algos.common.settings import MODEL_DESCRIPTION, ModelName, TrainedConfig
 
 # ------------------------------------------------------------------ pure math
+
+
+class DQNConfig(TrainedConfig):
+    name: Literal["dqn"] = Field("dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (the start of a schedule).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")
+    double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
+    dueling: bool = Field(True, description="Dueling value/advantage heads.")
+    hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
+    buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
+    learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
+    target_update_interval: int = Field(250, ge=1, description="Hard target-network update every N updates (when target_tau is 1).")
+    target_tau: float = Field(1.0, gt=0, le=1, description="Polyak factor per update; 1 means periodic hard updates.")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    prioritized: bool = Field(True, description="Proportional prioritized replay (priorities from actors, then TD errors).")
+    priority_alpha: float = Field(0.6, ge=0, description="Priority exponent.")
+    beta_start: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start, annealed to 1.")
+    beta_anneal_updates: int = Field(20_000, ge=1, description="Updates over which beta anneals to 1.")
+    exploration: Literal["ladder", "linear"] = Field(
+        "ladder", description="ladder: fixed per-env epsilon_i = epsilon**(1 + epsilon_alpha*i/(N-1)) over all envs "
+        "of all actors (Ape-X); linear: each actor anneals from epsilon_start to epsilon over its own steps.")
+    epsilon: float = Field(0.4, ge=0, le=1, description="Ladder base epsilon, or the final epsilon of the linear schedule.")
+    epsilon_alpha: float = Field(7.0, ge=0, description="Ladder exponent alpha.")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="Linear schedule: starting epsilon.")
+    epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
 
 
 def epsilon_ladder(index: int, count: int, base: float, alpha: float) -> float:
@@ -36,43 +67,6 @@ def epsilon_ladder(index: int, count: int, base: float, alpha: float) -> float:
     if count <= 1:
         return base
     return base ** (1 + alpha * index / (count - 1))
-
-
-def nstep_transitions(
-    rewards: np.ndarray,
-    terminated: np.ndarray,
-    dones: np.ndarray,
-    valid: np.ndarray,
-    gamma: float,
-    n: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n-step returns for every start row of a [T, k] fragment.
-
-    Returns `(returns, discounts, steps)`: the discounted sum of up to n rewards
-    (fewer when the episode or the fragment ends first), the discount to apply to
-    the bootstrap value (gamma**steps, or 0 after termination), and how many steps
-    were taken, so the bootstrap state is row `t + steps` (row T = the obs after the
-    fragment). After a truncation that row holds the final observation (the actor's
-    recording convention), so truncated episodes bootstrap correctly.
-    """
-    T, k = rewards.shape
-    rows = np.arange(T)[:, None]
-    cols = np.arange(k)[None, :]
-    returns = np.zeros((T, k), dtype=np.float32)
-    steps = np.zeros((T, k), dtype=np.int64)
-    ended_by_termination = np.zeros((T, k), dtype=bool)
-    active = valid.astype(bool).copy()
-    for i in range(n):
-        idx = rows + i
-        in_fragment = idx < T
-        idx = np.minimum(idx, T - 1)
-        stepping = active & in_fragment
-        returns += np.where(stepping, (gamma ** i) * rewards[idx, cols], 0.0).astype(np.float32)
-        steps += stepping
-        ended_by_termination |= stepping & terminated[idx, cols]
-        active = stepping & ~dones[idx, cols]
-    discounts = np.where(ended_by_termination, 0.0, gamma ** steps).astype(np.float32)
-    return returns, discounts, steps
 
 
 def double_q_targets(
@@ -199,8 +193,8 @@ class DQNLearner(NetAndOptimizer):
         self.target = _make_net(cfg, obs_space, act_space).to(self.device)
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
-        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        self.step = GradientStep.from_config(self.net.parameters(), cfg)
+        self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
         self.replay = PrioritizedReplay(cfg.buffer_capacity, {
@@ -275,3 +269,6 @@ class DQNLearner(NetAndOptimizer):
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+
+
+SPEC = AlgoSpec("dqn", DQNConfig, DQNPolicy, DQNLearner, check_spaces)

@@ -13,14 +13,16 @@ which recomputes values and target log-probs with its current parameters.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 
 from tianji.algos.base import (
     NO_HOOK,
+    AlgoSpec,
     Arrays,
     NetAndOptimizer,
     OnPolicyBatches,
@@ -29,10 +31,39 @@ from tianji.algos.base import (
     to_device,
 )
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
-from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
+from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.returns import vtrace
+from tianji.algos.common.settings import INIT_DESCRIPTION, MODEL_DESCRIPTION, ModelName, TrainedConfig
 from tianji.algos.ppo import PPOPolicy, check_spaces
-from tianji.config import IMPALAConfig
+
+
+class VTraceConfig(TrainedConfig):
+    """What IMPALA and APPO share: V-trace targets, the loss weights and the network."""
+
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace lambda (scales the trace coefficients c).")
+    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weights rho.")
+    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+
+
+class IMPALAConfig(VTraceConfig):
+    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
+                                    "off-policy correction (tolerates policy lag).")
+    lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
+    max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
+    minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
+                             "its samples (V-trace targets computed once per batch).")
+    epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
+    advantage_norm: Literal["none", "center", "standard"] = Field(
+        "none", description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
+        "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
+        "taken), standard (also divide by their deviation, as PPO does).")
+    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
 def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,
@@ -81,8 +112,8 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
-        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        self.step = GradientStep.from_config(self.net.parameters(), cfg)
+        self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
@@ -184,3 +215,6 @@ def vtrace_diagnostics(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, 
     ratio = log_ratio.exp()
     return {"rho_mean": float(ratio.mean()), "rho_clipped": float((ratio > rho_bar).float().mean()),
             "approx_kl": float(approx_kl(log_ratio))}
+
+
+SPEC = AlgoSpec("impala", IMPALAConfig, IMPALAPolicy, IMPALALearner, check_spaces)

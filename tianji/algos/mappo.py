@@ -9,15 +9,17 @@ sequences unrolled from there. The team reward's GAE is computed per env (MAPPO)
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from tianji.algos.base import (
     NO_HOOK,
+    AlgoSpec,
     Arrays,
     NetAndOptimizer,
     OnPolicyBatches,
@@ -28,10 +30,37 @@ from tianji.algos.base import (
     resolve_device,
     to_device,
 )
-from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
-from tianji.algos.ppo import compute_gae, ppo_loss
-from tianji.algos.qmix import NEG, _sizes, check_spaces
-from tianji.config import MAPPOConfig
+from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
+from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.returns import compute_gae
+from tianji.algos.common.settings import OptimizerConfig, TrainedConfig, adam_eps
+from tianji.algos.ppo import ppo_loss
+
+
+class MAPPOConfig(TrainedConfig):
+    name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
+                                   "multi-agent envs with a centralised value (IPPO with centralised_value false).")
+    optimizer: OptimizerConfig = adam_eps(1e-5)
+    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(5, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
+    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
+                                     "the actor's value estimate in the value loss (null: no clipping).")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and "
+                              "value MLPs.")
+    centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
+                                    "own observation (IPPO).")
+    recurrent: bool = Field(False, description="A GRU memory in the policy (trained on whole env sequences; "
+                            "minibatches then split the envs).")
+    rnn_hidden: int = Field(64, ge=1, description="Width of the policy's GRU when recurrent.")
 
 
 class SharedActorCritic(nn.Module):
@@ -66,7 +95,7 @@ class SharedActorCritic(nn.Module):
             batch, n = x.shape[:2]
             h = self.gru(torch.relu(self.encoder(x)).reshape(batch * n, -1), h.reshape(batch * n, -1)).reshape(batch, n, -1)
             x = h
-        return self.pi(x).masked_fill(~avail.bool(), NEG), h
+        return self.pi(x).masked_fill(~avail.bool(), UNAVAILABLE), h
 
     def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """[B] on the global state (MAPPO), or [B, n] on each agent's observation (IPPO)."""
@@ -77,7 +106,7 @@ class SharedActorCritic(nn.Module):
 
 def make_net(cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space) -> SharedActorCritic:
     check_spaces(obs_space, act_space)
-    n, obs_dim, n_actions, state_dim = _sizes(obs_space, act_space)
+    n, obs_dim, n_actions, state_dim = team_sizes(obs_space, act_space)
     return SharedActorCritic(n, obs_dim, n_actions, state_dim, cfg.hidden, cfg.centralised_value,
                              cfg.rnn_hidden if cfg.recurrent else None)
 
@@ -134,8 +163,8 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
-        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        self.step = GradientStep.from_config(self.net.parameters(), cfg)
+        self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
@@ -217,7 +246,7 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         """One optimizer step of PPO's loss over the agent-steps that count."""
         log_probs = torch.log_softmax(logits, dim=-1)
         logp = log_probs.gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs.clamp(min=NEG / 2)).sum(-1)
+        entropy = -(log_probs.exp() * log_probs.clamp(min=UNAVAILABLE / 2)).sum(-1)
         value = self.net.value(b["obs"], b["state"])
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
@@ -226,3 +255,10 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
                                self.cfg, b["value"][mask])
         stats.update(self.step(loss, self.sync, self.env_steps))
         return stats
+
+
+def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
+    check_multiagent_spaces(obs_space, act_space, "MAPPO")
+
+
+SPEC = AlgoSpec("mappo", MAPPOConfig, MAPPOPolicy, MAPPOLearner, check_spaces)

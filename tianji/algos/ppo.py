@@ -12,14 +12,16 @@ reset row itself is marked invalid and masked out of the loss.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 
 from tianji.algos.base import (
     NO_HOOK,
+    AlgoSpec,
     Arrays,
     NetAndOptimizer,
     OnPolicyBatches,
@@ -30,38 +32,40 @@ from tianji.algos.base import (
     to_device,
 )
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
-from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
-from tianji.config import PPOConfig
+from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.returns import compute_gae
+from tianji.algos.common.settings import (
+    INIT_DESCRIPTION,
+    MODEL_DESCRIPTION,
+    ModelName,
+    OptimizerConfig,
+    TrainedConfig,
+    adam_eps,
+)
 
 # ------------------------------------------------------------------ pure math
 
 
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    bootstrap_value: np.ndarray,
-    dones: np.ndarray,
-    terminated: np.ndarray,
-    gamma: float,
-    lam: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and value targets for one fragment, arrays shaped [T, k].
-
-    `values[t + 1]` (or `bootstrap_value` after the last row) is the value of the
-    state reached at step t; a terminated step bootstraps from zero, and a done
-    step stops the recursion so episodes never leak into each other.
-    """
-    T = rewards.shape[0]
-    next_values = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
-    not_terminal = 1.0 - terminated.astype(np.float32)
-    not_done = 1.0 - dones.astype(np.float32)
-    deltas = rewards + gamma * next_values * not_terminal - values
-    advantages = np.zeros_like(values, dtype=np.float32)
-    running = np.zeros_like(values[0], dtype=np.float32)
-    for t in reversed(range(T)):
-        running = deltas[t] + gamma * lam * not_done[t] * running
-        advantages[t] = running
-    return advantages, (advantages + values).astype(np.float32)
+class PPOConfig(TrainedConfig):
+    name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
+    optimizer: OptimizerConfig = adam_eps(1e-5)
+    lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(4, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(4, ge=1, description="Minibatches per epoch.")
+    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
+                                     "the actor's value estimate in the value loss (PPO2's value clipping; "
+                                     "null: no clipping).")
+    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
+    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
 def ppo_loss(
@@ -157,8 +161,8 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.optimizer = make_optimizer(self.net.parameters(), cfg.optimizer, cfg.lr)
-        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        self.step = GradientStep.from_config(self.net.parameters(), cfg)
+        self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
@@ -197,3 +201,6 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
         stats["explained_variance"] = explained_variance(batch["value"], batch["ret"])
         return {**stats, **trunk_health(self.net)}
+
+
+SPEC = AlgoSpec("ppo", PPOConfig, PPOPolicy, PPOLearner, check_spaces)

@@ -12,58 +12,65 @@ against references.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
-from tianji.algos.base import NO_HOOK, Arrays, Placement, load_module_weights, module_weights, resolve_device, to_device
-from tianji.algos.common.optim import GradientStep, lr_schedule, make_optimizer
-from tianji.config import QMIXConfig
+from tianji.algos.base import (
+    NO_HOOK,
+    AlgoSpec,
+    Arrays,
+    Placement,
+    load_module_weights,
+    module_weights,
+    resolve_device,
+    to_device,
+)
+from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
+from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.replay import SequenceReplay
+from tianji.algos.common.returns import td_lambda_targets
+from tianji.algos.common.settings import TrainedConfig
 
-NEG = -1e9  # the value of an unavailable action
+
+class QMIXConfig(TrainedConfig):
+    name: Literal["qmix"] = Field("qmix", description="Algorithm: QMIX, value decomposition for cooperative "
+                                  "multi-agent envs (recurrent agents, monotonic mixer; off-policy).")
+    lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")
+    rnn_hidden: int = Field(64, ge=1, description="Width of the agent network's GRU.")
+    mixer_embed: int = Field(32, ge=1, description="Width of the mixing network.")
+    batch_sequences: int = Field(32, ge=1, description="Sequences (one env's fragment each) per gradient step.")
+    buffer_sequences: int = Field(5000, ge=1, description="Replay capacity in sequences.")
+    learning_starts_sequences: int = Field(64, ge=0, description="Sequences in replay before training starts.")
+    target_update_interval: int = Field(200, ge=1, description="Updates between copies into the target networks.")
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="Exploration: starting epsilon.")
+    epsilon: float = Field(0.05, ge=0, le=1, description="Exploration: final epsilon.")
+    epsilon_decay_steps: int = Field(50_000, ge=1, description="Env steps (per actor) over which epsilon anneals.")
 
 
 # ------------------------------------------------------------------ pure pieces
 
 
 def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
-    if not (isinstance(obs_space, gym.spaces.Dict) and {"obs", "state", "avail_actions"} <= set(obs_space.spaces)):
-        raise ValueError(f"QMIX needs a multi-agent env (smax:MAP or pettingzoo:MODULE), got observations {obs_space}")
-    if not isinstance(act_space, gym.spaces.MultiDiscrete):
-        raise ValueError(f"QMIX needs one discrete action per agent, got {act_space}")
+    check_multiagent_spaces(obs_space, act_space, "QMIX")
 
 
 def masked_argmax(q: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
     """Greedy action among the available ones (`avail` bool, same shape as `q`)."""
-    return q.masked_fill(~avail, NEG).argmax(dim=-1)
+    return q.masked_fill(~avail, UNAVAILABLE).argmax(dim=-1)
 
 
 def double_q_next(q_online: torch.Tensor, q_target: torch.Tensor, avail: torch.Tensor) -> torch.Tensor:
     """Double Q: the target network's value of the action the online network picks among the
     available ones (an unavailable action never enters a target)."""
     return q_target.gather(-1, masked_argmax(q_online, avail).unsqueeze(-1)).squeeze(-1)
-
-
-def td_lambda_targets(rewards: torch.Tensor, target_q: torch.Tensor, bootstrap_q: torch.Tensor,
-                      dones: torch.Tensor, terminated: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """TD(lambda) returns of one team, arrays shaped [T, B]; `target_q[t]` = Q_tot_target of the state
-    reached at step t (row t + 1's), `bootstrap_q` that of the state after the sequence.
-
-    G_t = r_t + gamma * (1 - term_t) * ((1 - lam) Q_{t+1} + lam G_{t+1}); at a done step the
-    recursion stops (a truncated episode bootstraps from Q_{t+1}, the value of its final state)."""
-    T = rewards.shape[0]
-    returns = torch.zeros_like(rewards)
-    running = bootstrap_q
-    not_term = 1.0 - terminated.to(rewards.dtype)
-    for t in reversed(range(T)):
-        next_q = target_q[t]
-        blended = torch.where(dones[t].bool(), next_q, (1 - lam) * next_q + lam * running)
-        running = rewards[t] + gamma * not_term[t] * blended
-        returns[t] = running
-    return returns
 
 
 class AgentRNN(nn.Module):
@@ -110,11 +117,6 @@ class Mixer(nn.Module):
         return (hidden * w2).sum(-1) + self.v(state).squeeze(-1)
 
 
-def _sizes(obs_space: gym.Space, act_space: gym.Space) -> tuple[int, int, int, int]:
-    n, obs_dim = obs_space["obs"].shape
-    return n, obs_dim, int(act_space.nvec[0]), obs_space["state"].shape[0]
-
-
 # ------------------------------------------------------------------ actor side
 
 
@@ -125,7 +127,7 @@ class QMIXPolicy:
     def __init__(self, cfg: QMIXConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         check_spaces(obs_space, act_space)
         self.cfg = cfg
-        n, obs_dim, self.n_actions, _ = _sizes(obs_space, act_space)
+        n, obs_dim, self.n_actions, _ = team_sizes(obs_space, act_space)
         self.net = AgentRNN(obs_dim, n, self.n_actions, cfg.rnn_hidden)
         self.net.requires_grad_(False)
         self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
@@ -161,7 +163,7 @@ class QMIXPolicy:
         q = self._q(obs)  # resets the memory and last actions of envs that start an episode
         last = self.last_action.copy()
         avail = obs["avail_actions"].astype(bool)
-        greedy = np.where(avail, q, NEG).argmax(-1)
+        greedy = np.where(avail, q, UNAVAILABLE).argmax(-1)
         random = _random_available(avail, self.rng)
         explore = self.rng.random(greedy.shape) < self.epsilon()
         action = np.where(explore, random, greedy)
@@ -171,7 +173,7 @@ class QMIXPolicy:
 
     def greedy(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         q = self._q(obs)
-        action = np.where(obs["avail_actions"].astype(bool), q, NEG).argmax(-1)
+        action = np.where(obs["avail_actions"].astype(bool), q, UNAVAILABLE).argmax(-1)
         self.last_action = action
         return action
 
@@ -190,34 +192,6 @@ def _random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray
 # ------------------------------------------------------------------ learner side
 
 
-class SequenceReplay:
-    """Fixed-length sequences (a fragment's column per env) in a ring buffer, sampled uniformly."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.data: dict[str, np.ndarray] = {}
-        self.cursor = self.count = 0
-
-    def __len__(self) -> int:
-        return self.count
-
-    def add(self, fragment: Mapping[str, np.ndarray], time_major: set[str]) -> None:
-        """Store the k sequences of a fragment: keys in `time_major` are [T, k, ...], the rest [k, ...]."""
-        k = fragment["reward"].shape[1]
-        columns = {key: (np.swapaxes(v, 0, 1) if key in time_major else v) for key, v in fragment.items()}
-        if not self.data:
-            self.data = {key: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for key, v in columns.items()}
-        idx = (self.cursor + np.arange(k)) % self.capacity
-        for key, value in columns.items():
-            self.data[key][idx] = value
-        self.cursor = int((self.cursor + k) % self.capacity)
-        self.count = min(self.capacity, self.count + k)
-
-    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        idx = rng.integers(0, self.count, batch)
-        return {key: values[idx] for key, values in self.data.items()}
-
-
 TIME_MAJOR = {"obs", "state", "avail_actions", "active", "first", "action", "last_action", "reward", "terminated",
               "done", "valid", "won"}
 
@@ -227,14 +201,14 @@ class QMIXLearner:
         check_spaces(obs_space, act_space)
         self.cfg = cfg
         self.device = resolve_device(device)
-        n, obs_dim, n_actions, state_dim = _sizes(obs_space, act_space)
+        n, obs_dim, n_actions, state_dim = team_sizes(obs_space, act_space)
         self.agent = AgentRNN(obs_dim, n, n_actions, cfg.rnn_hidden).to(self.device)
         self.mixer = Mixer(n, state_dim, cfg.mixer_embed).to(self.device)
         self.target_agent = AgentRNN(obs_dim, n, n_actions, cfg.rnn_hidden).to(self.device)
         self.target_mixer = Mixer(n, state_dim, cfg.mixer_embed).to(self.device)
         self._sync_targets()
-        self.optimizer = make_optimizer([*self.agent.parameters(), *self.mixer.parameters()], cfg.optimizer, cfg.lr)
-        self.step = GradientStep(self.optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        self.step = GradientStep.from_config([*self.agent.parameters(), *self.mixer.parameters()], cfg)
+        self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
         self.replay = SequenceReplay(cfg.buffer_sequences)
@@ -324,3 +298,6 @@ class QMIXLearner:
         self.target_mixer.load_state_dict(state["target_mixer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+
+
+SPEC = AlgoSpec("qmix", QMIXConfig, QMIXPolicy, QMIXLearner, check_spaces)

@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from tianji.config import ConfigError, EnvConfig
+from tianji.envs.config import EnvConfig
 from tianji.envs.multiagent import is_multiagent, make_multiagent, multiagent_spaces
+from tianji.sections import ConfigError
 
 
 def _import_module(module: str, field: str) -> Any:

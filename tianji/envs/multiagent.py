@@ -32,7 +32,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from tianji.config import ConfigError, EnvConfig
+from tianji.envs.config import EnvConfig
+from tianji.sections import ConfigError
 
 SMAX_PREFIX = "smax:"
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -75,7 +76,7 @@ def multiagent_spaces(cfg: EnvConfig) -> tuple[gym.spaces.Dict, gym.spaces.Multi
 
 _CHILD = """
 import json, sys
-from tianji.config import ConfigError
+from tianji.sections import ConfigError
 from tianji.envs.multiagent import smax_sizes
 try:
     print(json.dumps({"sizes": smax_sizes(*json.loads(sys.argv[1]))}))

@@ -52,9 +52,9 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
 
 
 def _policy(cfg: Config, envs: Any, state: dict[str, Any]) -> Any:
-    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space,
-                                                 Placement())
-    policy.load_weights({name: tensor.cpu().numpy() for name, tensor in state["algo"]["net"].items()})
+    spec = get_algo(cfg.algo.name)
+    policy = spec.make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space, Placement())
+    policy.load_weights(spec.policy_weights(state["algo"]))  # each algorithm knows where its policy is
     return policy
 
 

@@ -175,6 +175,12 @@ class GradientStep:
         self.schedule = schedule
         self.base_lr = optimizer.lr
 
+    @classmethod
+    def from_config(cls, params: Iterable[torch.nn.Parameter], cfg: Any) -> "GradientStep":
+        """The optimizer, clip and schedule an algorithm's config (`TrainedConfig` fields) asks for."""
+        optimizer = make_optimizer(params, cfg.optimizer, cfg.lr)
+        return cls(optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+
     def lr(self, env_steps: int) -> float:
         return self.base_lr * (self.schedule(env_steps) if self.schedule is not None else 1.0)
 

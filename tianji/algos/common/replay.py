@@ -104,3 +104,31 @@ class PrioritizedReplay:
         priorities = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.update(idx, priorities ** self.alpha)
+
+
+class SequenceReplay:
+    """Fixed-length sequences (a fragment's column per env) in a ring buffer, sampled uniformly."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.data: dict[str, np.ndarray] = {}
+        self.cursor = self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, fragment: Mapping[str, np.ndarray], time_major: set[str]) -> None:
+        """Store the k sequences of a fragment: keys in `time_major` are [T, k, ...], the rest [k, ...]."""
+        k = fragment["reward"].shape[1]
+        columns = {key: (np.swapaxes(v, 0, 1) if key in time_major else v) for key, v in fragment.items()}
+        if not self.data:
+            self.data = {key: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for key, v in columns.items()}
+        idx = (self.cursor + np.arange(k)) % self.capacity
+        for key, value in columns.items():
+            self.data[key][idx] = value
+        self.cursor = int((self.cursor + k) % self.capacity)
+        self.count = min(self.capacity, self.count + k)
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        idx = rng.integers(0, self.count, batch)
+        return {key: values[idx] for key, values in self.data.items()}

@@ -43,8 +43,6 @@ from tianji.runtime.transport.security import Gatekeeper
 from tianji.runtime.transport.shm import SlotReader, pool_path
 from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
 
-
-
 # ---------------------------------------------------------------- process body shared by every role
 
 

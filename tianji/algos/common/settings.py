@@ -1,0 +1,44 @@
+"""Config fields every algorithm shares: the optimizer, the learning-rate schedule, the network trunk."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tianji.sections import Section
+
+
+class OptimizerConfig(Section):
+    name: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (not centered) as in the IMPALA paper.")
+    eps: float = Field(1e-8, gt=0, description="Added to the root of the squared-gradient average. Losses are means "
+                       "over the batch: a reference that sums its loss over B samples used B times this eps.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adam: decay of the gradient average.")
+    beta2: float = Field(0.999, ge=0, lt=1, description="adam: decay of the squared-gradient average.")
+    alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop: decay of the squared-gradient average.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop: momentum.")
+
+
+class TrainedConfig(Section):
+    """Optimisation fields every algorithm shares (name and lr first: each algorithm sets them)."""
+
+    name: str
+    lr: float
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
+        "env steps (consumed by the learners).")
+    lr_horizon: int | None = Field(None, ge=1, description="Env steps over which a linear schedule reaches zero "
+                                   "(null: stop.max_env_steps).")
+
+
+def adam_eps(eps: float) -> Any:
+    return Field(default_factory=lambda: OptimizerConfig(eps=eps), description="Optimizer.")
+
+
+ModelName = Literal["auto", "mlp", "cnn", "cnn_small"]
+MODEL_DESCRIPTION = ("Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
+                     "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
+                     "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU.")
+INIT_DESCRIPTION = ("Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
+                    "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01).")
