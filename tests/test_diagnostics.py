@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tianji.config import load_config
-from tianji.runtime.driver.monitor import _RowWriter
+from tianji.runtime.driver.writers import RowWriter
 from tianji.tools.train import train
 
 EVERY_POLICY_GRADIENT = {"train/entropy", "train/approx_kl", "train/explained_variance", "train/grad_norm", "train/lr"}
@@ -52,7 +52,7 @@ def test_policy_gradient_diagnostics_reach_the_csv(preset, overrides, specific, 
 
 
 def test_csv_widens_when_a_metric_first_appears_late(tmp_path):
-    writer = _RowWriter(tmp_path, tensorboard=False)
+    writer = RowWriter(tmp_path, tensorboard=False)
     writer.write({"time_s": 1.0, "env_steps": 10}, [])
     writer.write({"time_s": 2.0, "env_steps": 20, "train/entropy": 1.5}, [])
     writer.write({"time_s": 3.0, "env_steps": 30, "train/entropy": 1.4, "train/lr": 0.1}, [])
@@ -61,7 +61,7 @@ def test_csv_widens_when_a_metric_first_appears_late(tmp_path):
     assert list(rows[0]) == ["time_s", "env_steps", "train/entropy", "train/lr"]
     assert [row["train/entropy"] for row in rows] == ["", "1.5", "1.4"]
     assert rows[2]["train/lr"] == "0.1"
-    resumed = _RowWriter(tmp_path, tensorboard=False)  # a resumed run appends under the same header
+    resumed = RowWriter(tmp_path, tensorboard=False)  # a resumed run appends under the same header
     resumed.write({"time_s": 4.0, "env_steps": 40, "train/entropy": 1.3, "train/lr": 0.05}, [])
     resumed.close()
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv", newline="")))
@@ -70,7 +70,7 @@ def test_csv_widens_when_a_metric_first_appears_late(tmp_path):
 
 def fake_run(run_dir: Path, slope: float) -> Path:
     run_dir.mkdir(parents=True)
-    writer = _RowWriter(run_dir, tensorboard=False)
+    writer = RowWriter(run_dir, tensorboard=False)
     for i in range(20):
         writer.write({"time_s": float(i), "env_steps": 1000 * i, "env/return_mean100": -21 + slope * i,
                       "eval/return_mean": float("nan")}, [])

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from tianji.runtime.driver.events import checkpoint_notice
+from tianji.runtime.transport.wire import pack_header
+
 LEARNER_FILE = "learner.pt"
 DRIVER_FILE = "driver.json"
 
@@ -108,9 +111,7 @@ class ShippedStore:
 
 
 def _notice(state: dict[str, Any], rank: int) -> bytes:
-    from tianji.runtime.transport.wire import pack_header
-
-    return pack_header({"kind": "checkpoint", "version": int(state["version"]), "rank": rank})
+    return pack_header(checkpoint_notice(int(state["version"]), rank))
 
 
 def save_driver(directory: Path, state: dict[str, Any]) -> None:

@@ -1,31 +1,28 @@
-"""Driver-side metrics: aggregates role events, checks stop conditions, writes the run directory.
+"""The driver's view of a run: it aggregates the roles' events (tianji.runtime.driver.events), asks
+its stop conditions (tianji.runtime.driver.stop) whether the run is over, and hands rows to the
+writers (tianji.runtime.driver.writers).
 
-Roles send small dict events with *deltas* since their last event:
-
-    {"kind": "actor", "id": 0, "env_steps": 512, "episodes": [[500.0, 500]], "busy_s": 0.09, "wait_s": 0.0}
-    {"kind": "learner", "version": 7, "updates": 1, "samples_trained": 2048, "lags": [0, 1],
-     "dropped": 0, "busy_s": 0.05, "wait_s": 0.04, "stats": {"policy_loss": ...}, "bad_messages": 0}
-
-The monitor turns them into rows with fixed prefixes (`env/`, `perf/`, `balance/`,
+The monitor turns events into rows with fixed prefixes (`env/`, `perf/`, `balance/`,
 `train/`) written to metrics.csv, metrics.jsonl and TensorBoard, and a console line.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
 import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
+from tianji.runtime.driver.events import ACTOR_COUNTERS, LEARNER_COUNTERS, ActorEvent, EvalEvent, Event, LearnerEvent
+from tianji.runtime.driver.stop import StopConditions
+from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 
 WINDOW = 100
+# the run's totals name some role counters after their role (both sides have busy and wait time)
+ACTOR_TOTALS = {"busy_s": "actor_busy_s", "wait_s": "actor_wait_s", "fragments": "fragments_sent"}
+LEARNER_TOTALS = {"busy_s": "learner_busy_s", "wait_s": "learner_wait_s"}
 
 
 class Monitor:
@@ -43,10 +40,7 @@ class Monitor:
         self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})  # trained
         self.dropped_lag_hist: Counter = Counter({int(k): v for k, v in r.get("dropped_lag_hist", {}).items()})
         self.totals: Counter = Counter(r.get("totals", {}))
-        self.target_reached = bool(r.get("target_reached", False))
-        self.time_to_target_s = r.get("time_to_target_s")
-        self.env_steps_to_target = r.get("env_steps_to_target")
-        self.return_at_target = r.get("return_at_target")
+        self.stop = StopConditions(cfg.stop, r)
         self.version = int(r.get("version", 0))  # of learner 0
         # per learner of a group (rank -> cumulative updates, busy_s, wait_s; lag histogram; version)
         self.learners = int(cfg.topology.learners) if isinstance(cfg.topology.learners, int) else 1
@@ -69,15 +63,23 @@ class Monitor:
         self._last_row_time = time.time()
         self._last_counts = self._counts()
         self._per_learner_last: dict[int, Counter] = {}
-        self._writer = _RowWriter(run_dir, cfg.logging.tensorboard)
-        self._console = _ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
+        self._writer = RowWriter(run_dir, cfg.logging.tensorboard)
+        self._console = ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
         self.last_row: dict[str, float] = {}
 
     # ------------------------------------------------------------ events
     def elapsed(self) -> float:
         return self.elapsed_before + time.time() - self.t0
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def count(self, counter: str, n: float = 1) -> float:
+        """Add to one of the run's counters (restarts, refused peers, ...); returns its new total."""
+        self.totals[counter] += n
+        return self.totals[counter]
+
+    def counter(self, counter: str) -> float:
+        return self.totals[counter]
+
+    def on_event(self, event: Event) -> None:
         kind = event.get("kind")
         if kind == "actor":
             self._on_actor(event)
@@ -86,12 +88,10 @@ class Monitor:
         elif kind == "eval":
             self._on_eval(event)
 
-    def _on_actor(self, e: dict[str, Any]) -> None:
+    def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
-        self.totals["actor_busy_s"] += float(e.get("busy_s", 0.0))
-        self.totals["actor_wait_s"] += float(e.get("wait_s", 0.0))
-        self.totals["fragments_sent"] += int(e.get("fragments", 0))
-        self.totals["bad_messages"] += int(e.get("bad_messages", 0))
+        for key in ACTOR_COUNTERS[1:]:  # env_steps is counted above
+            self.totals[ACTOR_TOTALS.get(key, key)] += e.get(key, 0)
         for episode in e.get("episodes", []):
             self.returns.append(float(episode[0]))
             self.lengths.append(int(episode[1]))
@@ -100,7 +100,7 @@ class Monitor:
             self.episodes += 1
             self._check_target()
 
-    def _on_learner(self, e: dict[str, Any]) -> None:
+    def _on_learner(self, e: LearnerEvent) -> None:
         rank = e.get("rank", 0)
         if not isinstance(rank, int) or rank not in self.per_learner:
             return
@@ -112,13 +112,8 @@ class Monitor:
             self.per_learner[rank][key] += e.get(key, 0)
         self.per_learner_lags[rank].update(int(x) for x in e.get("lags", []))
         self._per_learner_window[rank].extend(int(x) for x in e.get("lags", []))
-        for key in ("updates", "samples_trained", "fragments_consumed", "dropped", "bad_messages", "stale_notices",
-                    "refused_peers", "fragments_in_frames", "credits_granted"):
-            self.totals[key] += int(e.get(key, 0))
-        self.totals["learner_busy_s"] += float(e.get("busy_s", 0.0))
-        self.totals["learner_wait_s"] += float(e.get("wait_s", 0.0))
-        self.totals["insert_blocked_s"] += float(e.get("insert_blocked_s", 0.0))
-        self.totals["sample_blocked_s"] += float(e.get("sample_blocked_s", 0.0))
+        for key in LEARNER_COUNTERS:
+            self.totals[LEARNER_TOTALS.get(key, key)] += e.get(key, 0)
         self.replay_ratio = float(e.get("replay_ratio", self.replay_ratio))
         lags = [int(x) for x in e.get("lags", [])]
         self.lag_hist.update(lags)
@@ -126,7 +121,7 @@ class Monitor:
         self.dropped_lag_hist.update(int(x) for x in e.get("dropped_lags", []))
         self.train_stats.update(e.get("stats", {}))
 
-    def _on_eval(self, e: dict[str, Any]) -> None:
+    def _on_eval(self, e: EvalEvent) -> None:
         self.eval_return = float(e["return_mean"])
         self.eval_length = float(e.get("length_mean", float("nan")))
         self.eval_version = int(e.get("version", -1))
@@ -147,25 +142,10 @@ class Monitor:
         return self.return_mean() if len(self.returns) >= WINDOW else None
 
     def _check_target(self) -> None:
-        target, value = self.cfg.stop.target_return, self.target_value()
-        if self.target_reached or target is None or value is None:
-            return
-        if value >= target:
-            self.target_reached = True
-            self.time_to_target_s = self.elapsed()
-            self.env_steps_to_target = self.env_steps
-            self.return_at_target = value
+        self.stop.observe(self.target_value(), self.elapsed(), self.env_steps)
 
-    # ------------------------------------------------------------ stop
     def stop_reason(self) -> str | None:
-        s = self.cfg.stop
-        if s.target_return is not None and self.target_reached:
-            return "target_return"
-        if s.max_env_steps is not None and self.env_steps >= s.max_env_steps:
-            return "max_env_steps"
-        if s.max_wall_time_s is not None and self.elapsed() >= s.max_wall_time_s:
-            return "max_wall_time_s"
-        return None
+        return self.stop.reason(self.env_steps, self.elapsed())
 
     # ------------------------------------------------------------ rows
     def _counts(self) -> dict[str, float]:
@@ -240,12 +220,12 @@ class Monitor:
                   "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
                   "eval_win_rate": f"eval/win_rate (greedy, {self.cfg.eval.episodes} episodes per round)"}
         return {
-            "target_reached": self.target_reached,
+            "target_reached": self.stop.target_reached,
             "target_metric": metric[self.cfg.stop.target_metric],
             "target_return": self.cfg.stop.target_return,
-            "time_to_target_s": self.time_to_target_s,
-            "env_steps_to_target": self.env_steps_to_target,
-            "return_at_target": self.return_at_target,  # the target metric when it was reached
+            "time_to_target_s": self.stop.time_to_target_s,
+            "env_steps_to_target": self.stop.env_steps_to_target,
+            "return_at_target": self.stop.return_at_target,  # the target metric when it was reached
             "final_return_mean100": mean,  # at the end, after the roles stopped
             "final_eval_return_mean": self.eval_return,
             "final_win_rate100": sum(self.wins) / len(self.wins) if self.wins else None,
@@ -295,10 +275,7 @@ class Monitor:
             "lag_hist": {str(k): v for k, v in self.lag_hist.items()},
             "dropped_lag_hist": {str(k): v for k, v in self.dropped_lag_hist.items()},
             "totals": dict(self.totals),
-            "target_reached": self.target_reached,
-            "time_to_target_s": self.time_to_target_s,
-            "env_steps_to_target": self.env_steps_to_target,
-            "return_at_target": self.return_at_target,
+            **self.stop.record(),
             "version": self.version,
             "learners": {str(rank): {"totals": dict(self.per_learner[rank]), "version": self.per_learner_version[rank],
                                      "lags": {str(k): v for k, v in self.per_learner_lags[rank].items()}}
@@ -310,145 +287,3 @@ class Monitor:
     def close(self) -> None:
         self._console.finish()
         self._writer.close()
-
-
-class _RowWriter:
-    """metrics.csv, metrics.jsonl and TensorBoard: every key of every row in all three. A metric that
-    first appears after the first row (train/ stats arrive with the first update) widens the CSV:
-    the file is rewritten once with the new header, earlier rows empty in the new columns."""
-
-    def __init__(self, run_dir: Path, tensorboard: bool):
-        self.csv_path = run_dir / "metrics.csv"
-        self._jsonl = open(run_dir / "metrics.jsonl", "a")
-        self._csv_file = None
-        self._csv = None
-        self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=5)
-
-    def write(self, row: dict[str, float], lags: list[int]) -> None:
-        self._jsonl.write(json.dumps(row) + "\n")
-        self._jsonl.flush()
-        self._write_csv(row)
-        if self._tb is not None:
-            step = int(row["env_steps"])
-            for key, value in row.items():
-                if key not in ("env_steps",) and value == value:  # skip NaN
-                    self._tb.add_scalar(key, value, step)
-            if lags:
-                self._tb.add_histogram("balance/policy_lag", np.asarray(lags), step)
-
-    def _write_csv(self, row: dict[str, float]) -> None:
-        new = [key for key in row if key not in self.columns]
-        if new or self._csv is None:
-            self._reopen_csv(self.columns + new)
-        self._csv.writerow(row)  # type: ignore[union-attr]
-        self._csv_file.flush()  # type: ignore[union-attr]
-
-    def _reopen_csv(self, columns: list[str]) -> None:
-        """Open the CSV for appending under `columns`, rewriting what it holds when they changed."""
-        if self._csv_file is not None:
-            self._csv_file.close()
-        if columns != self.columns:
-            rows = _csv_rows(self.csv_path)
-            tmp = self.csv_path.with_suffix(".csv.tmp")
-            with open(tmp, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=columns)
-                writer.writeheader()
-                writer.writerows(rows)
-            tmp.replace(self.csv_path)
-            self.columns = columns
-        self._csv_file = open(self.csv_path, "a", newline="")
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns, extrasaction="ignore")
-
-    def close(self) -> None:
-        self._jsonl.close()
-        if self._csv_file is not None:
-            self._csv_file.close()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def _csv_columns(path: Path) -> list[str]:
-    if not path.exists() or path.stat().st_size == 0:
-        return []
-    with open(path, newline="") as f:
-        return next(csv.reader(f), [])
-
-
-def _csv_rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-class _ConsoleLine:
-    """One progress line, rewritten in place on a terminal and appended otherwise."""
-
-    def __init__(self, enabled: bool, show_ratio: bool = False):
-        self.enabled = enabled
-        self.show_ratio = show_ratio
-        self.tty = sys.stdout.isatty()
-        self._shown = False
-
-    def show(self, row: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        ret, evaluated = row["env/return_mean100"], row["eval/return_mean"]
-        lag = row["balance/lag_mean"]
-        line = (
-            f"[{row['time_s']:7.1f}s] steps {int(row['env_steps']):>10,} "
-            f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
-            + (f"eval {evaluated:6.1f} " if evaluated == evaluated else "")
-            + _win_rates(row)
-            + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
-            f"upd {row['perf/updates_per_s']:5.1f}/s{_per_learner_updates(row)} | lag {_fmt(row['balance/lag_min'])}/"
-            f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
-            f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
-        )
-        if row["balance/replay_ratio"] == row["balance/replay_ratio"] and self.show_ratio:
-            line += f" | rr {row['balance/replay_ratio']:.1f}"
-        line += _learning_signs(row)
-        if self.tty:
-            sys.stdout.write("\r" + line + "\033[K")
-        else:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        self._shown = True
-
-    def finish(self) -> None:
-        if self.enabled and self.tty and self._shown:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-
-
-LEARNING_SIGNS = (("train/entropy", "H", ".2f"), ("train/approx_kl", "kl", ".4f"),
-                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"),
-                  ("train/dead_units", "dead", ".0%"))
-
-
-def _learning_signs(row: dict[str, float]) -> str:
-    """' | H 1.78 kl 0.0021 ev 0.31 |g| 0.42 lr 2.50e-04': is the policy moving? (what the algorithm reports)"""
-    parts = [f"{name} {row[key]:{spec}}" for key, name, spec in LEARNING_SIGNS if key in row and row[key] == row[key]]
-    return " | " + " ".join(parts) if parts else ""
-
-
-def _per_learner_updates(row: dict[str, float]) -> str:
-    """' (9.8+10.1)': each learner's share of a group's updates/s (nothing for one learner)."""
-    shares = [v for k, v in row.items() if k.startswith("perf/learner") and k.endswith("/updates_per_s")]
-    return f" ({'+'.join(f'{v:.1f}' for v in shares)})" if len(shares) > 1 else ""
-
-
-def _win_rates(row: dict[str, float]) -> str:
-    """'win 45% eval 60% ' for envs that report wins, nothing otherwise."""
-    train, evaluated = row["env/win_rate100"], row["eval/win_rate"]
-    return ((f"win {train:4.0%} " if train == train else "")
-            + (f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""))
-
-
-def _fmt(x: float, digits: int = 0) -> str:
-    return "-" if x != x else f"{x:.{digits}f}"

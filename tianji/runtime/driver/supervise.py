@@ -15,6 +15,7 @@ import zmq
 
 from tianji.runtime.driver.checkpoint import save_driver, save_learner_bytes
 from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.events import checked_event
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.transport.links import ControlChannel, log, log_rejected
 from tianji.runtime.transport.wire import WireError, pack_header, unpack_header
@@ -69,10 +70,10 @@ class _Supervisor:
         while self.events.poll(0):
             frames = self.events.recv_multipart()
             try:
-                event = unpack_header(frames[0])
+                event = checked_event(unpack_header(frames[0]))
             except WireError as exc:
                 self.rejected += 1
-                self.monitor.totals["bad_messages"] += 1
+                self.monitor.count("bad_messages")
                 log_rejected("driver", self.rejected, exc)
                 continue
             self._handle(event, frames[1:])
@@ -116,8 +117,7 @@ class _Supervisor:
             self.last_seen[name] = time.time()
 
     def _count(self, counter: str, limit: int, name: str) -> None:
-        self.monitor.totals[counter] += 1
-        if self.monitor.totals[counter] > limit:
+        if self.monitor.count(counter) > limit:
             raise RoleError(f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
                             f"last exit code {self.roles.exitcode(name)}")
 

@@ -353,7 +353,7 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
                               control.endpoint.replace(ANY_INTERFACE, ip), keys)
         roles = RayRoles(ray, run, endpoints, new_token())
         reason = drive(run, monitor, events, control, roles)
-        monitor.totals["refused_peers"] += gate.refused
+        monitor.count("refused_peers", gate.refused)
         return reason
     finally:
         if control is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tianji.algos.base import ActorPolicy
+from tianji.runtime.driver.events import EvalEvent
 
 MAX_EVAL_STEPS = 100_000  # guard for envs without a time limit
 
@@ -39,14 +40,14 @@ class Evaluator:
     def has_new_weights(self) -> bool:
         return self.version > self.evaluated_version
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self) -> EvalEvent:
         """One episode per env of the vector env, each counted until its first end."""
         start = time.perf_counter()
         played = play_greedy(self.envs, self.policy, self.seed + max(self.version, 0))
         self.evaluated_version = self.version
         self.busy_s += time.perf_counter() - start
         returns = played.returns
-        event = {"kind": "eval", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+        event: EvalEvent = {"kind": "eval", "role": "evaluator", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
                  "length_mean": float(played.lengths.mean()), "version": self.version, "episodes": len(returns)}
         if played.won is not None:
             event["win_rate"] = float(played.won.mean())

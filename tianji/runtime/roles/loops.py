@@ -21,6 +21,7 @@ import zmq
 
 from tianji.runtime.driver.checkpoint import FileStore, ShippedStore
 from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.events import heartbeat, role_error, stopped
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.roles.reporters import ActorReporter
@@ -65,7 +66,7 @@ def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints,
     except DriverGone as exc:
         log.warning("%s exits: %s", name, exc)
     except Exception:
-        events.send(pack_header({"kind": "error", "role": name, "message": traceback.format_exc()}))
+        events.send(pack_header(role_error(name, traceback.format_exc())))
         raise
     finally:
         ctx.destroy(linger=1000)
@@ -182,10 +183,10 @@ def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, even
         evaluator.bad_messages = learner.bad_messages
         now = time.time()
         if evaluator.has_new_weights() and now - last_round >= run.cfg.eval.interval_s:
-            events.send(pack_header({**evaluator.evaluate(), "role": "evaluator"}))
+            events.send(pack_header(evaluator.evaluate()))
             last_round = last_event = time.time()
         elif now - last_event >= 1.0:
-            events.send(pack_header({"kind": "heartbeat", "role": "evaluator"}))
+            events.send(pack_header(heartbeat("evaluator")))
             last_event = now
     evaluator.envs.close()
 
@@ -313,7 +314,7 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
             checkpoint()
     checkpoint()
     events.send(pack_header(reporter.event()))
-    events.send(pack_header({"kind": "stopped", "version": learner.version}))
+    events.send(pack_header(stopped(learner.version)))
     reader.close()
     if sockets.gate is not None:
         sockets.gate.stop()

@@ -1,10 +1,10 @@
-"""Metric events roles send to the driver: deltas of cumulative counters since the last event."""
+"""What actors and learners report to the driver: deltas of their cumulative counters since the last
+event, as the event messages of tianji.runtime.driver.events."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tianji.runtime.balance import CreditLedger
+from tianji.runtime.driver.events import ActorEvent, LearnerEvent, actor_event, learner_event
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.learner import Learner
 
@@ -26,11 +26,11 @@ class ActorReporter:
         self.bad_messages = 0
         self._deltas = _Deltas()
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> ActorEvent:
         a = self.actor
         counts = {"env_steps": a.seq * a.T * a.k, "fragments": a.seq, "busy_s": a.busy_s, "wait_s": self.wait_s,
                   "bad_messages": self.bad_messages}
-        return {"kind": "actor", "role": f"actor{a.actor_id}", "id": a.actor_id, "episodes": a.drain_episodes(), **self._deltas(counts)}
+        return actor_event(a.actor_id, a.drain_episodes(), self._deltas(counts))
 
 
 class LearnerReporter:
@@ -64,17 +64,8 @@ class LearnerReporter:
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> LearnerEvent:
         lr = self.learner
         trained, dropped = lr.lag.take_window()
-        return {
-            "kind": "learner",
-            "role": f"learner{self.rank}",
-            "rank": self.rank,
-            "version": lr.version,
-            "lags": trained,
-            "dropped_lags": dropped,
-            "stats": dict(lr.last_stats),
-            "replay_ratio": lr.limiter.ratio(),
-            **self._deltas(self._counts()),
-        }
+        return learner_event(self.rank, lr.version, trained, dropped, dict(lr.last_stats), lr.limiter.ratio(),
+                             self._deltas(self._counts()))

@@ -1,0 +1,134 @@
+"""The messages roles send the driver on the events channel, defined once for both sides.
+
+Roles build them with the functions below (through their reporters); the driver checks every one
+it receives with `checked_event` before the monitor sees it. Counters are *deltas* since the
+role's previous event, so a restarted role never counts twice:
+
+    {"kind": "actor", "role": "actor0", "id": 0, "episodes": [[500.0, 500]], "env_steps": 512, ...}
+    {"kind": "learner", "role": "learner0", "rank": 0, "version": 7, "lags": [0, 1], "dropped_lags": [],
+     "stats": {"policy_loss": ...}, "replay_ratio": 0.0, "updates": 1, "samples_trained": 2048, ...}
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any, Literal, TypedDict, Union
+
+from tianji.runtime.transport.wire import WireError
+
+
+class ActorCounters(TypedDict):
+    env_steps: int
+    fragments: int
+    busy_s: float
+    wait_s: float
+    bad_messages: int
+
+
+class LearnerCounters(TypedDict):
+    updates: int
+    samples_trained: int
+    fragments_consumed: int
+    dropped: int  # over balance.max_policy_lag
+    busy_s: float
+    wait_s: float
+    bad_messages: int
+    stale_notices: int  # from an earlier learner incarnation or a replaced actor: ignored
+    refused_peers: int  # TCP handshakes refused: peers without the run's key
+    fragments_in_frames: int  # arrays that came over the network rather than through shared memory
+    credits_granted: int
+    insert_blocked_s: float  # the rate limiter held the actors back
+    sample_blocked_s: float  # the rate limiter held the learner back
+
+
+ACTOR_COUNTERS: tuple[str, ...] = tuple(ActorCounters.__annotations__)
+LEARNER_COUNTERS: tuple[str, ...] = tuple(LearnerCounters.__annotations__)
+
+
+class ActorEvent(ActorCounters):
+    kind: Literal["actor"]
+    role: str
+    id: int
+    episodes: list[tuple]  # finished (return, length[, won])
+
+
+class LearnerEvent(LearnerCounters):
+    kind: Literal["learner"]
+    role: str
+    rank: int
+    version: int
+    lags: list[int]  # of the fragments trained on since the last event
+    dropped_lags: list[int]
+    stats: dict[str, float]  # the algorithm's train/ metrics of its last update
+    replay_ratio: float
+
+
+class EvalEvent(TypedDict, total=False):
+    kind: Literal["eval"]
+    role: str
+    return_mean: float
+    return_min: float
+    length_mean: float
+    version: int
+    episodes: int
+    win_rate: float  # envs that report wins
+
+
+class CheckpointNotice(TypedDict):
+    kind: Literal["checkpoint"]  # a learner checkpoint was written (or its bytes follow, from another machine)
+    version: int
+    rank: int
+
+
+class RoleNote(TypedDict, total=False):
+    kind: Literal["heartbeat", "error", "stopped"]
+    role: str
+    message: str  # error: the traceback
+    version: int  # stopped: the learner's last version
+
+
+Event = Union[ActorEvent, LearnerEvent, EvalEvent, CheckpointNotice, RoleNote]
+_COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
+
+
+def actor_event(actor_id: int, episodes: list[tuple], counts: dict[str, float]) -> ActorEvent:
+    return {"kind": "actor", "role": f"actor{actor_id}", "id": actor_id, "episodes": episodes,
+            **{key: counts[key] for key in ACTOR_COUNTERS}}  # type: ignore[typeddict-item]
+
+
+def learner_event(rank: int, version: int, lags: list[int], dropped_lags: list[int], stats: dict[str, float],
+                  replay_ratio: float, counts: dict[str, float]) -> LearnerEvent:
+    return {"kind": "learner", "role": f"learner{rank}", "rank": rank, "version": version, "lags": lags,
+            "dropped_lags": dropped_lags, "stats": stats, "replay_ratio": replay_ratio,
+            **{key: counts[key] for key in LEARNER_COUNTERS}}  # type: ignore[typeddict-item]
+
+
+def checkpoint_notice(version: int, rank: int) -> CheckpointNotice:
+    return {"kind": "checkpoint", "version": version, "rank": rank}
+
+
+def heartbeat(role: str) -> RoleNote:
+    return {"kind": "heartbeat", "role": role}
+
+
+def role_error(role: str, message: str) -> RoleNote:
+    return {"kind": "error", "role": role, "message": message}
+
+
+def stopped(version: int) -> RoleNote:
+    return {"kind": "stopped", "version": version}
+
+
+KINDS = ("actor", "learner", "eval", "checkpoint", "heartbeat", "error", "stopped")
+
+
+def checked_event(header: dict[str, Any]) -> Event:
+    """`header` as an event, or WireError naming what is wrong (an unknown kind, a counter that is not a number)."""
+    kind = header.get("kind")
+    if kind not in KINDS:
+        raise WireError(f"event kind {kind!r} is not one of {KINDS}")
+    for key in _COUNTERS.get(kind, ()):
+        value = header.get(key, 0)
+        if not isinstance(value, Real) or isinstance(value, bool):
+            raise WireError(f"{kind} event field {key!r} must be a number, got {value!r}")
+    return header  # type: ignore[return-value]

@@ -1,0 +1,152 @@
+"""Where the monitor's rows go: metrics.csv, metrics.jsonl, TensorBoard, and one console line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+class RowWriter:
+    """metrics.csv, metrics.jsonl and TensorBoard: every key of every row in all three. A metric that
+    first appears after the first row (train/ stats arrive with the first update) widens the CSV:
+    the file is rewritten once with the new header, earlier rows empty in the new columns."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool):
+        self.csv_path = run_dir / "metrics.csv"
+        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+        self._csv_file = None
+        self._csv = None
+        self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=5)
+
+    def write(self, row: dict[str, float], lags: list[int]) -> None:
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        self._write_csv(row)
+        if self._tb is not None:
+            step = int(row["env_steps"])
+            for key, value in row.items():
+                if key not in ("env_steps",) and value == value:  # skip NaN
+                    self._tb.add_scalar(key, value, step)
+            if lags:
+                self._tb.add_histogram("balance/policy_lag", np.asarray(lags), step)
+
+    def _write_csv(self, row: dict[str, float]) -> None:
+        new = [key for key in row if key not in self.columns]
+        if new or self._csv is None:
+            self._reopen_csv(self.columns + new)
+        self._csv.writerow(row)  # type: ignore[union-attr]
+        self._csv_file.flush()  # type: ignore[union-attr]
+
+    def _reopen_csv(self, columns: list[str]) -> None:
+        """Open the CSV for appending under `columns`, rewriting what it holds when they changed."""
+        if self._csv_file is not None:
+            self._csv_file.close()
+        if columns != self.columns:
+            rows = _csv_rows(self.csv_path)
+            tmp = self.csv_path.with_suffix(".csv.tmp")
+            with open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+            tmp.replace(self.csv_path)
+            self.columns = columns
+        self._csv_file = open(self.csv_path, "a", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns, extrasaction="ignore")
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._csv_file is not None:
+            self._csv_file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _csv_columns(path: Path) -> list[str]:
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    with open(path, newline="") as f:
+        return next(csv.reader(f), [])
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class ConsoleLine:
+    """One progress line, rewritten in place on a terminal and appended otherwise."""
+
+    def __init__(self, enabled: bool, show_ratio: bool = False):
+        self.enabled = enabled
+        self.show_ratio = show_ratio
+        self.tty = sys.stdout.isatty()
+        self._shown = False
+
+    def show(self, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        ret, evaluated = row["env/return_mean100"], row["eval/return_mean"]
+        lag = row["balance/lag_mean"]
+        line = (
+            f"[{row['time_s']:7.1f}s] steps {int(row['env_steps']):>10,} "
+            f"({row['perf/env_steps_per_s'] / 1000:6.1f}k/s) | return {ret:7.1f} "
+            + (f"eval {evaluated:6.1f} " if evaluated == evaluated else "")
+            + _win_rates(row)
+            + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
+            f"upd {row['perf/updates_per_s']:5.1f}/s{_per_learner_updates(row)} | lag {_fmt(row['balance/lag_min'])}/"
+            f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
+            f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
+        )
+        if row["balance/replay_ratio"] == row["balance/replay_ratio"] and self.show_ratio:
+            line += f" | rr {row['balance/replay_ratio']:.1f}"
+        line += _learning_signs(row)
+        if self.tty:
+            sys.stdout.write("\r" + line + "\033[K")
+        else:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        self._shown = True
+
+    def finish(self) -> None:
+        if self.enabled and self.tty and self._shown:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+LEARNING_SIGNS = (("train/entropy", "H", ".2f"), ("train/approx_kl", "kl", ".4f"),
+                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"),
+                  ("train/dead_units", "dead", ".0%"))
+
+
+def _learning_signs(row: dict[str, float]) -> str:
+    """' | H 1.78 kl 0.0021 ev 0.31 |g| 0.42 lr 2.50e-04': is the policy moving? (what the algorithm reports)"""
+    parts = [f"{name} {row[key]:{spec}}" for key, name, spec in LEARNING_SIGNS if key in row and row[key] == row[key]]
+    return " | " + " ".join(parts) if parts else ""
+
+
+def _per_learner_updates(row: dict[str, float]) -> str:
+    """' (9.8+10.1)': each learner's share of a group's updates/s (nothing for one learner)."""
+    shares = [v for k, v in row.items() if k.startswith("perf/learner") and k.endswith("/updates_per_s")]
+    return f" ({'+'.join(f'{v:.1f}' for v in shares)})" if len(shares) > 1 else ""
+
+
+def _win_rates(row: dict[str, float]) -> str:
+    """'win 45% eval 60% ' for envs that report wins, nothing otherwise."""
+    train, evaluated = row["env/win_rate100"], row["eval/win_rate"]
+    return ((f"win {train:4.0%} " if train == train else "")
+            + (f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""))
+
+
+def _fmt(x: float, digits: int = 0) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
