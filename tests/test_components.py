@@ -84,7 +84,7 @@ def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
     evaluator.set_weights(2, {"w": np.array([2.0], np.float32)})
     assert evaluator.has_new_weights()
     result = evaluator.evaluate()
-    assert result == {"kind": "eval", "return_mean": 4.0, "return_min": 4.0, "length_mean": 4.0, "version": 2,
+    assert result == {"kind": "eval", "role": "evaluator", "return_mean": 4.0, "return_min": 4.0, "length_mean": 4.0, "version": 2,
                       "episodes": 3}
     assert not evaluator.has_new_weights()
     evaluator.set_weights(1, {"w": np.array([1.0], np.float32)})  # older: ignored

@@ -33,29 +33,17 @@ from tianji.algos.base import (
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.common.settings import OptimizerConfig, TrainedConfig, adam_eps
-from tianji.algos.ppo import ppo_loss
+from tianji.algos.ppo import SurrogateConfig, ppo_loss
 
 
-class MAPPOConfig(TrainedConfig):
+class MAPPOConfig(SurrogateConfig):
     name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
                                    "multi-agent envs with a centralised value (IPPO with centralised_value false).")
-    optimizer: OptimizerConfig = adam_eps(1e-5)
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
-    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(5, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "the actor's value estimate in the value loss (null: no clipping).")
     max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and "
-                              "value MLPs.")
     centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
                                     "own observation (IPPO).")
     recurrent: bool = Field(False, description="A GRU memory in the policy (trained on whole env sequences; "

@@ -46,10 +46,10 @@ from tianji.algos.common.settings import (
 # ------------------------------------------------------------------ pure math
 
 
-class PPOConfig(TrainedConfig):
-    name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
+class SurrogateConfig(TrainedConfig):
+    """PPO's clipped surrogate on GAE advantages: the fields PPO and MAPPO share (PPO's defaults)."""
+
     optimizer: OptimizerConfig = adam_eps(1e-5)
-    lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
@@ -64,6 +64,11 @@ class PPOConfig(TrainedConfig):
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+
+
+class PPOConfig(SurrogateConfig):
+    name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
+    lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 

@@ -31,7 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tianji.config import Config, build_config
+from tianji.runtime.roles.build import build_actor, build_learner
+from tianji.runtime.transport.links import die_with_parent
 
 ENV_CHOICES = (4, 8, 16, 32, 64, 128)
 ACTOR_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -117,10 +121,6 @@ def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int, learne
 
 def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5) -> Calibration:
     """Measure one actor per envs-per-actor value and one learner, each on one core, in this process."""
-    import torch
-
-    from tianji.runtime.roles.build import build_actor, build_learner
-
     torch.set_num_threads(1)
     started = time.perf_counter()
     rates = {}
@@ -348,8 +348,6 @@ def load_or_calibrate(cfg: Config, space: Space, use_cache: bool = True) -> tupl
 
 
 def _calibrate_child(cfg_json: str, space: Space, conn, parent_pid: int) -> None:
-    from tianji.runtime.transport.links import die_with_parent
-
     die_with_parent(parent_pid)
     try:
         conn.send(("ok", json.dumps(asdict(calibrate(build_config(json.loads(cfg_json)), space)))))
