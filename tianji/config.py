@@ -121,6 +121,10 @@ class RayConfig(Section):
     actor_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of each actor's bundle.")
     evaluator_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of the "
                                                   "evaluator's bundle.")
+    role_cpus: float | Literal["auto"] = Field(
+        "auto", description="CPUs each role's bundle asks for per thread. auto: 1 where the cluster has a CPU for every "
+        "role thread, else the share that fits the cluster's CPUs (roles then share CPUs, as under the local launcher). "
+        "A number: exactly that (e.g. 0.5 to run two roles per CPU).")
     bind_all_interfaces: bool = Field(
         False, description="Listen on every network interface instead of the node's cluster address (only behind "
         "a firewall: every TCP link is CURVE-encrypted and refuses peers without the run's key either way).")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import replace
@@ -126,19 +127,49 @@ class RoleHost:
                      own_process=False)
 
 
-def bundles(cfg: Config) -> dict[str, dict[str, float]]:
-    """One placement-group bundle per role: CPUs (threads) plus the custom resources that pin it."""
+def bundles(cfg: Config, share: float = 1.0) -> dict[str, dict[str, float]]:
+    """One placement-group bundle per role: `share` CPUs per thread plus the custom resources that pin it."""
     r = cfg.ray
     out = {}
     for rank in range(int(cfg.topology.learners)):
-        out[f"learner{rank}"] = {"CPU": float(cfg.topology.learner_threads), **r.learner_resources}
+        out[f"learner{rank}"] = {"CPU": share * cfg.topology.learner_threads, **r.learner_resources}
         if r.learner_gpus:
             out[f"learner{rank}"]["GPU"] = r.learner_gpus
     for i in range(int(cfg.topology.actors)):
-        out[f"actor{i}"] = {"CPU": float(cfg.topology.actor_threads), **r.actor_resources}
+        out[f"actor{i}"] = {"CPU": share * cfg.topology.actor_threads, **r.actor_resources}
     if cfg.eval.interval_s is not None:
-        out["evaluator"] = {"CPU": 1.0, **r.evaluator_resources}
+        out["evaluator"] = {"CPU": share, **r.evaluator_resources}
     return out
+
+
+def cpu_share(cfg: Config, cluster_cpus: float) -> float:
+    """CPUs per role thread: `ray.role_cpus`, or under auto 1 where the cluster has a CPU for every role
+    thread and else the share that fits (rounded down to Ray's resource precision)."""
+    if cfg.ray.role_cpus != "auto":
+        return float(cfg.ray.role_cpus)
+    threads = sum(b["CPU"] for b in bundles(cfg).values())
+    return 1.0 if cluster_cpus >= threads else math.floor(10_000 * cluster_cpus / threads) / 10_000
+
+
+def unplaceable(wanted: dict[str, dict[str, float]], nodes: list[dict[str, float]]) -> list[str]:
+    """Why the cluster (`nodes`: each alive node's total resources) can never hold these bundles, even idle:
+    a bundle no single node can hold, or more of a resource than the cluster has. Empty when it can."""
+    problems = [f"{name} asks {bundle}, more than any node has ({_largest(nodes, bundle)})"
+                for name, bundle in wanted.items()
+                if not any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes)]
+    for resource in sorted({k for bundle in wanted.values() for k in bundle}):
+        asked, has = sum(b.get(resource, 0.0) for b in wanted.values()), sum(n.get(resource, 0.0) for n in nodes)
+        if asked > has + 1e-9:
+            problems.append(f"the roles ask {asked:g} {resource} in all, the cluster has {has:g}")
+    return problems
+
+
+def _largest(nodes: list[dict[str, float]], bundle: dict[str, float]) -> str:
+    return ", ".join(f"{k} {max((n.get(k, 0.0) for n in nodes), default=0.0):g}" for k in bundle)
+
+
+def node_resources(ray: Any) -> list[dict[str, float]]:
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
 
 
 class RayRoles:
@@ -152,7 +183,12 @@ class RayRoles:
         self.ray, self.run, self.token = ray, run, token
         self.endpoints = endpoints  # the driver's; the learners' are added once they have bound
         self.learner_epoch = 0
-        self.bundles = bundles(run.cfg)
+        nodes = node_resources(ray)
+        self.bundles = bundles(run.cfg, cpu_share(run.cfg, sum(n.get("CPU", 0.0) for n in nodes)))
+        problems = unplaceable(self.bundles, nodes)
+        if problems:  # at once, rather than after ray.placement_timeout_s
+            raise ConfigError("the Ray cluster can never place this run's roles: " + "; ".join(problems)
+                              + " (ray.role_cpus, topology.*, ray.*_resources and ray.learner_gpus set what they ask)")
         self.learners = [name for name in self.bundles if is_learner(name)]
         self.handles: dict[str, Any] = {}
         self.refs: dict[str, Any] = {}
