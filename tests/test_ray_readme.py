@@ -1,0 +1,57 @@
+"""The README's "Run on a cluster" block, run as written (the head's address filled in): a fresh
+token, a head and a second `ray start` node on this machine, a run that joins them and one with a
+Ray instance of its own. Marked `ray`; it stops every Ray process on this machine when done."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+README = Path(__file__).parents[1] / "README.md"
+COUNT_NODES = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+
+
+def cluster_block() -> list[str]:
+    section = README.read_text().split("## Run on a cluster", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def machine_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+        probe.connect(("192.0.2.1", 9))
+        return probe.getsockname()[0]
+
+
+def test_the_readme_cluster_block_runs_as_written(tmp_path):
+    lines = cluster_block()
+    assert any(line.startswith("ray start --head") for line in lines)
+    script = "set -euo pipefail\n" + "\n".join(lines).replace("HEAD_IP", machine_address())
+    bin_dir = Path(sys.executable).parent  # ray and tianji of this environment
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "RAY_ADDRESS": ""}
+    (tmp_path / "home").mkdir()
+    try:
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        nodes = subprocess.run([sys.executable, "-c", COUNT_NODES], env=env, capture_output=True, text=True,
+                               timeout=120).stdout.strip()
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert nodes == "2", f"the cluster had {nodes!r} nodes"
+    runs = sorted((tmp_path / "runs").glob("cartpole-ppo-*"))
+    assert len(runs) == 2, output[-2000:]
+    for run in runs:
+        summary = (run / "summary.json").read_text()
+        assert '"target_reached": true' in summary, summary
