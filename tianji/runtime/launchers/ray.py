@@ -198,12 +198,15 @@ class RayRoles:
         self.pg = placement_group(list(self.bundles.values()), strategy=run.cfg.ray.strategy)
         try:
             self._wait_for_placement()
+            _phase(run, "roles placed")
             for name in self.bundles:
                 self.handles[name] = self._create(name)
             self._locate(list(self.bundles))
+            _phase(run, "role processes up")
             self._bind_learners()
             for name in self.bundles:
                 self._run(name)
+            _phase(run, "roles running")
         except BaseException:
             self.stop_all()
             raise
@@ -333,6 +336,10 @@ class RayRoles:
         (self.run.run_dir / "placement.json").write_text(json.dumps(self.places, indent=2))
 
 
+def _phase(run: RunContext, what: str) -> None:
+    log.info("ray launcher: %s at %.2f s", what, time.time() - run.t0)
+
+
 def loopback_only(ray: Any) -> None:
     """A Ray instance for this machine alone: Ray's processes and every TianJi socket on loopback.
     (Ray otherwise swaps 127.0.0.1 for the machine's network address; this switch is how it lets a
@@ -376,6 +383,7 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
     ray = import_ray()
     cfg = run.cfg
     started_here = _start_or_join(ray, cfg)
+    _phase(run, "joined Ray" if not started_here or cfg.ray.address is not None else "started Ray")
     keys = CurveKeys.new()
     ctx = zmq.Context()
     gate = Gatekeeper(ctx, keys)
