@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -95,6 +97,57 @@ def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_
     assert places["learner0"]["node"] != places["learner1"]["node"]
     assert all(s["updates"] > 0 for s in summary["learners"].values())
     assert (run_dir / "checkpoints" / "learner-rank1.pt").exists()  # shipped from the other node
+
+
+def workload(two_nodes, tmp_path, preset: str, *overrides: str):
+    """A few-second run of `preset` with its actors forced onto the worker node, its learner on the head."""
+    return load_config(preset, [
+        f"logging.run_root={tmp_path}", "logging.console=false", f"ray.address={two_nodes.address}",
+        "ray.learner_resources={head_node: 1}", "ray.actor_resources={worker_node: 1}", *overrides])
+
+
+def test_atari_fragments_cross_nodes_as_uint8_frames(two_nodes, tmp_path):
+    cfg = workload(two_nodes, tmp_path, "pong-ppo", "stop.target_return=null", "stop.max_env_steps=8192",
+                   "topology.envs_per_actor=8")
+    run_dir, summary = train(cfg, "ray")
+    assert summary["fragments_over_network"] == summary["fragments_trained"] >= 8, summary
+    places = json.loads((run_dir / "placement.json").read_text())
+    assert places["actor0"]["node"] != places["learner0"]["node"]
+
+
+def test_a_multiagent_pettingzoo_run_under_ray(two_nodes, tmp_path):
+    cfg = workload(two_nodes, tmp_path, "mpe-spread-mappo", "stop.target_return=null", "stop.max_env_steps=8000")
+    _, summary = train(cfg, "ray")
+    assert summary["env_steps"] >= 8000 and summary["updates"] > 0 and summary["fragments_over_network"] > 0
+
+
+def test_smax_runs_jax_only_in_the_roles_that_step_it_with_the_compile_cache(two_nodes, tmp_path):
+    """JAX stays out of the driver (a fresh interpreter here, as every SMAX test) and the learner;
+    actors and the evaluator keep their compiled steps in the cache directory handed to them."""
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "tianji.cli", "train", "smax-3m-qmix", "--launcher", "ray",
+               "--run-dir", str(tmp_path / "run")]
+    for override in [f"ray.address={two_nodes.address}", "ray.learner_resources={head_node: 1}",
+                     "ray.actor_resources={worker_node: 1}", "stop.target_return=null", "stop.max_env_steps=6000",
+                     "eval.interval_s=1", "eval.episodes=4", "logging.console=false",
+                     f"ray.runtime_env={{env_vars: {{TIANJI_CACHE_DIR: {cache}}}}}"]:
+        command += ["--set", override]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env_steps"] >= 6000 and summary["eval_rounds"] >= 1 and summary["fragments_over_network"] > 0
+    assert any((cache / "jax").iterdir()), "no compiled step in the cache"
+
+
+def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path):
+    cfg = load_config("cartpole-dqn", [
+        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
+        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2"])
+    run_dir, summary = train(cfg, "ray")
+    assert summary["target_reached"], summary
+    places = json.loads((run_dir / "placement.json").read_text())
+    assert places["learner0"]["node"] != places["learner1"]["node"]
+    assert all(s["updates"] > 0 for s in summary["learners"].values())
 
 
 def test_a_local_ray_instance_runs_the_same_config(tmp_path):

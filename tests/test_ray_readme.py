@@ -37,8 +37,9 @@ def test_the_readme_cluster_block_runs_as_written(tmp_path):
     assert any(line.startswith("ray start --head") for line in lines)
     script = "set -euo pipefail\n" + "\n".join(lines).replace("HEAD_IP", machine_address())
     bin_dir = Path(sys.executable).parent  # ray and tianji of this environment
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "RAY_ADDRESS": ""}
+    fresh = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # as a new shell has it: no
+    # loopback switch left by earlier tests in this process, no address of their clusters
+    env = {**fresh, "HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     (tmp_path / "home").mkdir()
     try:
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
