@@ -142,7 +142,7 @@ def test_smax_runs_jax_only_in_the_roles_that_step_it_with_the_compile_cache(two
 def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path):
     cfg = load_config("cartpole-dqn", [
         f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2"])
+        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2", "topology.actors=2"])
     run_dir, summary = train(cfg, "ray")
     assert summary["target_reached"], summary
     places = json.loads((run_dir / "placement.json").read_text())
