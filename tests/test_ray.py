@@ -121,9 +121,10 @@ def test_a_multiagent_pettingzoo_run_under_ray(two_nodes, tmp_path):
     assert summary["env_steps"] >= 8000 and summary["updates"] > 0 and summary["fragments_over_network"] > 0
 
 
-def test_smax_runs_jax_only_in_the_roles_that_step_it_with_the_compile_cache(two_nodes, tmp_path):
-    """JAX stays out of the driver (a fresh interpreter here, as every SMAX test) and the learner;
-    actors and the evaluator keep their compiled steps in the cache directory handed to them."""
+def test_smax_qmix_runs_under_ray_with_the_compile_cache(two_nodes, tmp_path):
+    """SMAX (JAX) on the worker node's actors and the evaluator, the learner on the head, the driver in
+    a fresh interpreter (as every SMAX test); the compiled steps land in the cache directory handed to
+    the roles through ray.runtime_env."""
     cache = tmp_path / "cache"
     command = [sys.executable, "-m", "tianji.cli", "train", "smax-3m-qmix", "--launcher", "ray",
                "--run-dir", str(tmp_path / "run")]

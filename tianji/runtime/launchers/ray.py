@@ -283,8 +283,9 @@ class RayRoles:
         return self.ray.remote(RoleHost).options(**options).remote(name, self._run_json, self.token)
 
     def _locate(self, names: list[str]) -> None:
-        """Ask each role where it runs; waits while Ray (re)starts its process."""
-        from ray.exceptions import ActorUnavailableError
+        """Ask each role where it runs; waits while Ray (re)starts its process. A role created in a bundle
+        whose node has just died is created again once Ray has moved the bundle to a live node."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
 
         deadline = time.time() + self.run.cfg.ray.placement_timeout_s
         for name in names:
@@ -292,10 +293,13 @@ class RayRoles:
                 try:
                     place = self.ray.get(self.handles[name].where.remote(), timeout=max(1.0, deadline - time.time()))
                     break
-                except ActorUnavailableError:  # restarting: ask again
+                except (ActorUnavailableError, ActorDiedError) as exc:  # restarting, or lost with its node
                     if time.time() > deadline:
                         raise RoleError(f"{name} did not come back within {self.run.cfg.ray.placement_timeout_s:.0f} s")
-                    time.sleep(0.2)
+                    time.sleep(0.5)
+                    if isinstance(exc, ActorDiedError):
+                        log.warning("%s was lost with its node; creating it again", name)
+                        self.handles[name] = self._create(name)
             self.places[name] = place
             log.info("%s runs on node %s (%s), pid %d", name, place["node"][:12], place["ip"], place["pid"])
 
