@@ -1,18 +1,25 @@
 """Wall time and env steps to a 100-episode mean training return >= 475 on CartPole-v1 (preset cartpole-ppo).
 
     python benchmarks/cartpole_ppo.py [--seeds 5] [--launcher local|ray|inline] [--set key=value ...]
+    python benchmarks/cartpole_ppo.py --ray-modes     # local, ray joining a running cluster, ray on its own
 
 Runs `tianji train cartpole-ppo` once per seed as a fresh command, one after another, and prints
 per-seed numbers and the medians. `time_to_target_s` counts from the command's start (imports,
 process start-up and, with --launcher ray, starting a one-node Ray instance included). With a
 launcher other than local, the local launcher runs beside it, seed by seed, and the ratio of the
-medians is printed.
+medians is printed. `--ray-modes` starts a cluster (`ray start --head`, a fresh token) for the
+benchmark and runs three commands in turn per seed: local, `--launcher ray --address auto` (joining
+it) and `--launcher ray` (a Ray instance of its own), then prints both ratios to local.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,23 +46,51 @@ def report(launcher: str, rows: list[dict]) -> float | None:
     return median
 
 
+@contextlib.contextmanager
+def ray_cluster(home: Path):
+    """A one-node cluster started as the README says (token first), stopped afterwards."""
+    ray = str(Path(sys.executable).parent / "ray")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "HOME": str(home),
+           "RAY_AUTH_MODE": "token"}
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    subprocess.run([ray, "start", "--head", "--port=6379"], env=env, check=True, capture_output=True)
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--preset", default="cartpole-ppo")
     parser.add_argument("--launcher", choices=["local", "ray", "inline"], default="local")
+    parser.add_argument("--ray-modes", action="store_true", help="local vs ray joining a cluster vs ray on its own")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     args = parser.parse_args()
-    launchers = [args.launcher] + (["local"] if args.launcher != "local" else [])
-    rows: dict[str, list[dict]] = {launcher: [] for launcher in launchers}
+    if args.ray_modes:  # label -> (launcher, extra overrides)
+        modes = {"local": ("local", []), "ray-join": ("ray", ["ray.address=auto"]), "ray-own": ("ray", [])}
+    else:
+        modes = {args.launcher: (args.launcher, [])}
+        if args.launcher != "local":
+            modes["local"] = ("local", [])
+    rows: dict[str, list[dict]] = {label: [] for label in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):  # launchers take turns, so drift hits both alike
-            for launcher in launchers:
-                rows[launcher].append(run_tianji(args.preset, Path(tmp) / f"{launcher}-seed{seed}", seed,
-                                                 args.overrides, launcher))
-    medians = {launcher: report(launcher, launcher_rows) for launcher, launcher_rows in rows.items()}
-    if len(launchers) == 2 and None not in medians.values():
-        print(f"\n{args.launcher} / local, median time to target: {medians[args.launcher] / medians['local']:.2f}")
+        cluster = ray_cluster(Path(tmp) / "home") if args.ray_modes else contextlib.nullcontext()
+        with cluster:
+            for seed in range(args.seeds):  # launchers take turns, so drift hits both alike
+                for label, (launcher, extra) in modes.items():
+                    rows[label].append(run_tianji(args.preset, Path(tmp) / f"{label}-seed{seed}", seed,
+                                                  [*args.overrides, *extra], launcher))
+    medians = {label: report(label, label_rows) for label, label_rows in rows.items()}
+    for label, median in medians.items():
+        if label != "local" and median is not None and medians.get("local"):
+            print(f"\n{label} / local, median time to target: {median / medians['local']:.2f}")
 
 
 if __name__ == "__main__":
