@@ -55,7 +55,7 @@ def remove_node_of(cluster, run_dir, role: str, removed: dict) -> None:
     placement, checkpoint = run_dir / "placement.json", run_dir / "checkpoints" / "learner.pt"
     if not wait_for(lambda: placement.exists() and checkpoint.exists(), 120):
         return
-    time.sleep(1.0)
+    time.sleep(0.2)
     node_id = json.loads(placement.read_text())[role]["node"]
     node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
     removed["node"] = node_id
