@@ -73,6 +73,21 @@ def _checked_state(source: Any, name: Any) -> dict[str, Any]:
     return state
 
 
+def restore_path(directory: Path, rank: int, restart: bool = False) -> Path | None:
+    """The checkpoint learner `rank` resumes from (None: it starts fresh). `restart`: its group restarts
+    within the run, and a rank killed before writing its first checkpoint starts from rank 0's, the
+    group's state at that moment; a user's resume with more learners than the run had is refused."""
+    own, first = directory / learner_file(rank), directory / LEARNER_FILE
+    if own.exists():
+        return own
+    if rank > 0 and first.exists():
+        if restart:
+            return first
+        raise CheckpointError(f"{directory}: no {learner_file(rank)}; resume with as many learners "
+                              "(topology.learners) as the run had")
+    return None
+
+
 class FileStore:
     """Where a learner on the driver's machine keeps its checkpoint: the run directory itself."""
 
@@ -80,15 +95,8 @@ class FileStore:
         self.directory, self.rank = directory, rank
 
     def load(self, restart: bool = False) -> dict[str, Any] | None:
-        """The rank's checkpoint. `restart`: the group restarts within the run, and a rank killed before
-        writing its first checkpoint starts from rank 0's, the group's state at that moment."""
-        state = load_learner(self.directory, self.rank)
-        if state is None and self.rank > 0 and (self.directory / LEARNER_FILE).exists():
-            if restart:
-                return load_learner(self.directory, 0)
-            raise CheckpointError(f"{self.directory}: no {learner_file(self.rank)}; resume with as many learners "
-                                  "(topology.learners) as the run had")
-        return state
+        path = restore_path(self.directory, self.rank, restart)
+        return None if path is None else _checked_state(path, path)
 
     def save(self, state: dict[str, Any]) -> list[bytes]:
         """Write the checkpoint; returns the frames of the notice for the driver."""

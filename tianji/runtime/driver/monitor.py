@@ -90,8 +90,9 @@ class Monitor:
 
     def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
-        for key in ACTOR_COUNTERS[1:]:  # env_steps is counted above
-            self.totals[ACTOR_TOTALS.get(key, key)] += e.get(key, 0)
+        for key in ACTOR_COUNTERS:
+            if key != "env_steps":  # counted above
+                self.totals[ACTOR_TOTALS.get(key, key)] += e.get(key, 0)
         for episode in e.get("episodes", []):
             self.returns.append(float(episode[0]))
             self.lengths.append(int(episode[1]))

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from tianji.config import Config, ConfigError, build_config
-from tianji.runtime.driver.checkpoint import ShippedStore, learner_file
+from tianji.runtime.driver.checkpoint import ShippedStore, restore_path
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
@@ -327,12 +327,10 @@ class RayRoles:
 
     def _restore(self, rank: int) -> bytes | None:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
-        path = self.run.checkpoint_dir / learner_file(rank)
-        if self.learner_epoch > 0 and not path.is_file():  # killed before its first checkpoint: the group's
-            path = self.run.checkpoint_dir / learner_file(0)
-        if (self.run.resumed or self.learner_epoch > 0) and path.is_file():
-            return path.read_bytes()
-        return None
+        if not (self.run.resumed or self.learner_epoch > 0):
+            return None
+        path = restore_path(self.run.checkpoint_dir, rank, restart=self.learner_epoch > 0)
+        return None if path is None else path.read_bytes()
 
     def _record(self) -> None:
         """roles.json (pids) and placement.json (node, address and pid of every role)."""
