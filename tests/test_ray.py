@@ -26,7 +26,7 @@ pytestmark = pytest.mark.ray
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    from tianji.runtime.launchers.ray import loopback_only
+    from tianji.runtime.launchers.ray_boot import loopback_only
 
     loopback_only(ray)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},

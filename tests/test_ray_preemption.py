@@ -24,7 +24,7 @@ def make_cluster(spare: str):
     roles: the run starts on one of them and moves to the other when it is removed."""
     from ray.cluster_utils import Cluster
 
-    from tianji.runtime.launchers.ray import loopback_only
+    from tianji.runtime.launchers.ray_boot import loopback_only
 
     loopback_only(ray)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},

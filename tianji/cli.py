@@ -1,4 +1,5 @@
-"""Command line: `tianji train`, `tianji presets`."""
+"""Command line: `tianji train`, `tianji presets`. Imports of the rest of TianJi wait inside the
+functions, so `train --launcher ray` can start Ray before torch loads (see `_boot_ray_if_asked`)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tianji.config import ConfigError, apply_overrides, build_config, describe_fields, load_config, preset_names  # noqa: E402
-from tianji.runtime.driver.checkpoint import CheckpointError  # noqa: E402
+from tianji.runtime.launchers.ray_boot import boot_early  # noqa: E402  (no torch)
 
 
 def _config_help() -> str:
+    from tianji.config import describe_fields
+
     lines = ["config fields (set with --set key.path=value):"]
     for key, default, doc in describe_fields():
         lines.append(f"  {key:<30} {doc} [default: {default}]")
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from tianji.config import ConfigError, load_config
     from tianji.tools.plan import (
         available_cores,
         calibrate,
@@ -126,6 +129,8 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _resolve_config(args: argparse.Namespace):
+    from tianji.config import ConfigError, apply_overrides, build_config, load_config
+
     if args.address is not None:
         args.overrides.append(f"ray.address={args.address}")
     if args.resume:
@@ -165,8 +170,29 @@ def _raise_interrupt(signum, frame):  # SIGTERM stops a run the way Ctrl-C does
     raise KeyboardInterrupt
 
 
+def _boot_ray_if_asked(argv: list[str]) -> None:
+    """`train --launcher ray`: join or start Ray first, so that the warm host's zygote loads the role
+    code while this process loads the same (rather than after it). The launcher checks that the
+    address it finally reads from the config is the one booted."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("--launcher")
+    pre.add_argument("--address")
+    pre.add_argument("--set", dest="overrides", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
+    if known.command != "train" or known.launcher != "ray" or {"-h", "--help"} & set(argv):
+        return
+    set_address = [o.split("=", 1)[1] for o in known.overrides if o.startswith("ray.address=")]
+    boot_early(known.address or (set_address[-1] if set_address else None))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    _boot_ray_if_asked(argv)
+    from tianji.config import ConfigError, preset_names
+    from tianji.runtime.driver.checkpoint import CheckpointError
+
     args = _parser().parse_args(argv)
     if args.command == "presets":
         for name in preset_names():

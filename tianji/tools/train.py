@@ -17,7 +17,7 @@ from tianji.envs.make import env_spaces
 from tianji.runtime.driver.checkpoint import load_driver, save_driver
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
-from tianji.runtime.launchers import LAUNCHERS
+from tianji.runtime.launchers.registry import LAUNCHERS
 from tianji.tools.plan import needs_plan, resolve_layout
 
 log = logging.getLogger("tianji")

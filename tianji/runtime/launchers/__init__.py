@@ -1,18 +1,5 @@
-"""Launchers decide where each role runs and how it starts and restarts; `train` looks them up here.
-
-    reason = LAUNCHERS["local"](run, monitor)   # runs to a stop condition, returns why it stopped
+"""Launchers decide where each role runs and how it starts and restarts: `inline` (one process),
+`local` (a process per role on this machine), `ray` (processes on a Ray cluster). `train` looks
+them up in `registry.LAUNCHERS`. This package's own import is light on purpose: `ray_boot` must load
+without torch, so Ray can start while the command still imports the rest.
 """
-
-from __future__ import annotations
-
-from typing import Callable
-
-from tianji.runtime.driver.context import RunContext
-from tianji.runtime.driver.monitor import Monitor
-from tianji.runtime.launchers.inline import run_inline
-from tianji.runtime.launchers.local import run_local
-from tianji.runtime.launchers.ray import run_ray
-
-Launcher = Callable[[RunContext, Monitor], str]
-
-LAUNCHERS: dict[str, Launcher] = {"local": run_local, "inline": run_inline, "ray": run_ray}

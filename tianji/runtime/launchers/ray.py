@@ -1,11 +1,13 @@
-"""Ray launcher: the same role loops as Ray actors on a cluster.
+"""Ray launcher: the same role loops as processes on a Ray cluster.
 
-Ray does what it is good at: placing processes on nodes (one placement group, a bundle per role),
-starting and restarting them, and carrying small control messages (where a role runs, where the
-learner listens, the run's keys). Samples and weights never go through Ray: they travel on
-TianJi's own data plane, shared-memory slots when an actor and the learner share a node and
-CURVE-encrypted ZeroMQ TCP between nodes. The driver stays the supervising process, as with the
-local launcher (`tianji.runtime.driver.supervise`).
+Ray does what it is good at: placing work on nodes (one placement group, a bundle per role),
+telling where each bundle landed, noticing lost nodes, and carrying small control messages (where
+a role runs, the run's keys, a checkpoint to resume from). On each node one Ray actor, a node host
+(`tianji.runtime.roles.host`), starts that node's roles from a zygote that imported the role code
+once, so a node pays one torch import, not one per role. Samples and weights never go through Ray:
+they travel on TianJi's own data plane, shared-memory slots when an actor and the learner share a
+node and CURVE-encrypted ZeroMQ TCP between nodes. The driver stays the supervising process, as
+with the local launcher (`tianji.runtime.driver.supervise`).
 
     tianji train cartpole-ppo --launcher ray                  # a Ray instance for this run only
     tianji train cartpole-ppo --launcher ray --address auto   # the cluster `ray start --head` made
@@ -29,8 +31,9 @@ from tianji.runtime.driver.checkpoint import ShippedStore, restore_path
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
+from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, RayNodeHost, booted
 from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
-from tianji.runtime.sync import GroupSpec, rendezvous_store
+from tianji.runtime.sync import GroupSpec
 from tianji.runtime.transport.links import (
     ControlChannel,
     Endpoints,
@@ -43,15 +46,7 @@ from tianji.runtime.transport.links import (
 from tianji.runtime.transport.security import CurveKeys, Gatekeeper
 
 ANY_INTERFACE = "0.0.0.0"
-LOOPBACK = "127.0.0.1"
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--launcher ray needs Ray: pip install 'tianji[ray]'") from None
-    return ray
+POLL_INTERVAL_S = 0.25  # how often the driver asks the hosts which roles ended
 
 
 def _run_to_json(run: RunContext) -> str:
@@ -64,67 +59,45 @@ def _run_from_json(text: str) -> RunContext:
     return RunContext(build_config(raw["config"]), Path(raw["run_dir"]), raw["t0"], raw["resumed"])
 
 
-class RoleHost:
-    """One role inside a Ray actor process: says where it runs, binds (a learner), runs its loop.
-    Everything it receives is plain text or bytes (JSON, keys, a checkpoint), never objects."""
+def role_process(spec: dict[str, Any]) -> None:
+    """Body of a role process a node host forked. Everything it gets is plain JSON: the run, its
+    name, where to listen or connect, the run's keys; a learner also the path of the checkpoint it
+    resumes from (the host wrote the bytes the driver sent)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sweep_leftovers()  # slot files and sockets of dead runs on this node
+    name, run, token = spec["name"], _run_from_json(spec["run"]), spec["token"]
+    endpoints, topology = Endpoints.from_dict(spec["endpoints"]), run.cfg.topology
+    parent = os.getppid()  # the zygote: a role dies with it
+    if is_learner(name):
+        rank = int(name[len("learner"):])
+        group = spec["group"]
+        group_spec = None if group is None else GroupSpec(rank, int(topology.learners), group["host"], group["port"],
+                                                          run.cfg.sync.timeout_s)
+        restore = _read_once(spec.get("attachment"))
+        listen = replace(endpoints, fragments=spec["listen"]["fragments"], weights=spec["listen"]["weights"])
 
-    def __init__(self, name: str, run_json: str, token: str):
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        self.name, self.run, self.token = name, _run_from_json(run_json), token
-        self.learner_ctx: zmq.Context | None = None
-        self.sockets = None
-        self.group_store = None
-        sweep_leftovers()  # slot files and sockets of dead runs on this node
+        def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
+            learner_loop(run, token, spec["epoch"], bind_learner(ctx, listen), ShippedStore(restore, rank), events,
+                         driver, rank, group_spec)
 
-    def where(self) -> dict[str, Any]:
-        import ray
+        run_role(name, run, topology.learner_threads, endpoints, loop, driver_pid=parent)
+    elif name == "evaluator":
+        run_role(name, run, 1, endpoints,
+                 lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver), driver_pid=parent)
+    else:
+        actor_id = int(name[len("actor"):])
+        run_role(name, run, topology.actor_threads, endpoints,
+                 lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver,
+                                                        same_machine=spec["same_machine"]),
+                 driver_pid=parent)
 
-        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "ip": ray.util.get_node_ip_address()}
 
-    def bind(self, endpoints_json: str, all_interfaces: bool) -> dict[str, Any]:
-        """A learner listens on this node's cluster address at free ports; returns where. Rank 0 of a
-        group also opens the group's rendezvous (torch.distributed's TCP store)."""
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-        host = ANY_INTERFACE if all_interfaces else ip
-        endpoints = replace(Endpoints.from_dict(json.loads(endpoints_json)),
-                            fragments=f"tcp://{host}:*", weights=f"tcp://{host}:*")
-        self.learner_ctx = zmq.Context()
-        self.sockets = bind_learner(self.learner_ctx, endpoints)
-        where: dict[str, Any] = {k: v.replace(ANY_INTERFACE, ip) for k, v in self.sockets.endpoints.items()}
-        learners = int(self.run.cfg.topology.learners)
-        if self.name == "learner0" and learners > 1:
-            self.group_store = rendezvous_store(GroupSpec(0, learners, ip, 0, self.run.cfg.sync.timeout_s))
-            where["group"] = {"host": ip, "port": self.group_store.port}
-        return where
-
-    def run(self, wiring_json: str, restore: bytes | None = None) -> None:
-        wiring = json.loads(wiring_json)
-        endpoints = Endpoints.from_dict(wiring["endpoints"])
-        run, topology = self.run, self.run.cfg.topology
-        if is_learner(self.name):
-            rank = int(self.name[len("learner"):])
-            group = wiring.get("group")
-            spec = None if group is None else GroupSpec(rank, int(topology.learners), group["host"], group["port"],
-                                                        run.cfg.sync.timeout_s)
-
-            def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
-                learner_loop(run, self.token, wiring["epoch"], self.sockets, ShippedStore(restore, rank), events,
-                             driver, rank, spec, self.group_store)
-
-            run_role(self.name, run, topology.learner_threads, endpoints, loop, ctx=self.learner_ctx,
-                     own_process=False)
-        elif self.name == "evaluator":
-            run_role(self.name, run, 1, endpoints,
-                     lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver), own_process=False)
-        else:
-            actor_id = int(self.name[len("actor"):])
-            run_role(self.name, run, topology.actor_threads, endpoints,
-                     lambda ctx, events, driver: actor_loop(run, endpoints, self.token, actor_id, ctx, events, driver,
-                                                            same_machine=wiring["same_machine"]),
-                     own_process=False)
+def _read_once(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    data = Path(path).read_bytes()
+    Path(path).unlink(missing_ok=True)
+    return data
 
 
 def bundles(cfg: Config, share: float = 1.0) -> dict[str, dict[str, float]]:
@@ -173,15 +146,16 @@ def node_resources(ray: Any) -> list[dict[str, float]]:
 
 
 class RayRoles:
-    """Roles as Ray actors in one placement group. Actors and the evaluator are restarted by Ray
-    (max_restarts); the learners are replaced as a group by new Ray actors in their bundles, with
-    the next epoch, resuming from the last checkpoint."""
+    """Roles as processes of node hosts, one host (a Ray actor) per node the run's placement group
+    uses. A role that dies is started again by its host; a host lost with its node is created again
+    where Ray moves its bundles; the learners are replaced as a group, with the next epoch, from the
+    last checkpoint."""
 
-    def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str):
+    def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str, warm_host: Any = None):
         from ray.util.placement_group import placement_group
 
         self.ray, self.run, self.token = ray, run, token
-        self.endpoints = endpoints  # the driver's; the learners' are added once they have bound
+        self.endpoints = endpoints  # the driver's; each role also gets its learner's
         self.learner_epoch = 0
         nodes = node_resources(ray)
         self.bundles = bundles(run.cfg, cpu_share(run.cfg, sum(n.get("CPU", 0.0) for n in nodes)))
@@ -190,22 +164,24 @@ class RayRoles:
             raise ConfigError("the Ray cluster can never place this run's roles: " + "; ".join(problems)
                               + " (ray.role_cpus, topology.*, ray.*_resources and ray.learner_gpus set what they ask)")
         self.learners = [name for name in self.bundles if is_learner(name)]
-        self.handles: dict[str, Any] = {}
-        self.refs: dict[str, Any] = {}
+        self.hosts: dict[str, Any] = {}  # node id -> its host
+        self.host_ip: dict[str, str] = {}  # node id -> the node's address
+        self.node_of: dict[str, str] = {}  # role -> node id of the host that runs it
+        self.pids: dict[str, int] = {}
         self.places: dict[str, dict[str, Any]] = {}
         self.learner_at: dict[str, dict[str, Any]] = {}
+        self._exits: dict[str, int | str] = {}  # roles known to have ended, and how
+        self._polls: dict[str, Any] = {}  # node id -> pending exit-code query
+        self._polled_at = 0.0
+        self._lost: set[str] = set()  # nodes whose host is gone
         self._run_json = _run_to_json(run)
         self.pg = placement_group(list(self.bundles.values()), strategy=run.cfg.ray.strategy)
         try:
             self._wait_for_placement()
             _phase(run, "roles placed")
-            for name in self.bundles:
-                self.handles[name] = self._create(name)
-            self._locate(list(self.bundles))
-            _phase(run, "role processes up")
-            self._bind_learners()
-            for name in self.bundles:
-                self._run(name)
+            self._place_hosts(warm_host)
+            self._choose_learner_ports()
+            self._start(list(self.bundles))
             _phase(run, "roles running")
         except BaseException:
             self.stop_all()
@@ -217,45 +193,34 @@ class RayRoles:
         return list(self.bundles)
 
     def alive(self, name: str) -> bool:
-        ready, _ = self.ray.wait([self.refs[name]], timeout=0)
-        return not ready
+        self._poll()
+        return name not in self._exits
 
     def exitcode(self, name: str) -> int | str | None:
-        if self.alive(name):
-            return None
-        try:
-            self.ray.get(self.refs[name], timeout=0)
-            return 0
-        except Exception as exc:  # RayActorError (process died), RayTaskError (the loop raised)
-            return type(exc).__name__
+        return self._exits.get(name)
 
     def restart(self, name: str) -> None:
-        if self.alive(name):  # silent, not dead: kill it, Ray starts it again
-            self.ray.kill(self.handles[name], no_restart=False)
-        self._locate([name])  # waits until Ray has restarted the process
-        self._run(name)
+        self._rehost(name)
+        self._start([name])
         self._record()
 
     def restart_learners(self) -> None:
-        """New Ray actors in the learners' bundles; they resume from the checkpoint."""
+        """New learner processes (on a new host if theirs was lost); they resume from the checkpoint."""
         for name in self.learners:
-            self.ray.kill(self.handles[name], no_restart=True)
+            self._rehost(name)
         self.learner_epoch += 1
-        for name in self.learners:
-            self.handles[name] = self._create(name)
-        self._locate(self.learners)
-        self._bind_learners()
-        for name in self.learners:
-            self._run(name)
+        self._choose_learner_ports()
+        self._start(self.learners)
         self._record()
 
     def learner_endpoints(self) -> list[dict[str, str]]:
-        return [{k: v for k, v in self.learner_at[name].items() if k != "group"} for name in self.learners]
+        return [{k: v for k, v in self.learner_at[name].items() if k in ("fragments", "weights")}
+                for name in self.learners]
 
     def stop_all(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for handle in self.handles.values():
+        for handle in self.hosts.values():  # its zygote, and the roles, die with it
             self.ray.kill(handle, no_restart=True)
         remove_placement_group(self.pg)
 
@@ -267,48 +232,90 @@ class RayRoles:
                             f"{self.run.cfg.ray.placement_timeout_s:.0f} s: bundles {self.bundles} "
                             f"({self.run.cfg.ray.strategy}), cluster resources {self.ray.cluster_resources()}")
 
-    def _create(self, name: str) -> Any:
+    def _bundle_nodes(self) -> dict[str, str]:
+        """role -> node id its bundle is on now."""
+        from ray.util.placement_group import placement_group_table
+
+        on = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        return {name: on.get(i) for i, name in enumerate(self.bundles) if on.get(i)}
+
+    def _place_hosts(self, warm_host: Any) -> None:
+        """One host per node, in the first bundle placed there (a learner's first: it may hold the GPU).
+        The warm host (on the driver's node) serves that node when it can: no GPU, no runtime_env."""
+        on = self._bundle_nodes()
+        warm_node = None
+        if warm_host is not None:
+            warm_node = self.ray.get(warm_host.where.remote())["node"]
+            gpu_there = any(self.bundles[n].get("GPU") for n, node in on.items() if node == warm_node)
+            if gpu_there or self.run.cfg.ray.runtime_env or warm_node not in on.values():
+                self.ray.kill(warm_host, no_restart=True)
+                warm_node = None
+            else:
+                self.hosts[warm_node] = warm_host
+        for name in self.bundles:
+            if on[name] not in self.hosts:
+                self.hosts[on[name]] = self._new_host(name)
+            self.node_of[name] = on[name]
+        self._locate_hosts(list(self.hosts))
+
+    def _new_host(self, name: str) -> Any:
+        """A host in `name`'s bundle, holding what the bundle holds (so a GPU is visible to its roles)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundles[name]
-        options = {
-            "num_cpus": bundle["CPU"],
-            "num_gpus": bundle.get("GPU", 0),
-            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        return self.ray.remote(RayNodeHost).options(
+            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.pg, placement_group_bundle_index=list(self.bundles).index(name)),
-            "max_restarts": 0 if is_learner(name) else self.run.cfg.supervision.max_actor_restarts,
-            "max_task_retries": 0,  # a failed loop is reported to the driver, which starts it again
-        }
-        return self.ray.remote(RoleHost).options(**options).remote(name, self._run_json, self.token)
+            runtime_env=self.run.cfg.ray.runtime_env or None, max_restarts=0, max_task_retries=0,
+        ).remote(ROLE_CODE)
 
-    def _locate(self, names: list[str]) -> None:
-        """Ask each role where it runs; waits while Ray (re)starts its process. A role created in a bundle
-        whose node has just died is created again once Ray has moved the bundle to a live node."""
+    def _locate_hosts(self, nodes: list[str]) -> None:
+        for node in nodes:
+            where = self.ray.get(self.hosts[node].where.remote(), timeout=self.run.cfg.ray.placement_timeout_s)
+            assert where["node"] == node, f"a host meant for node {node[:12]} runs on {where['node'][:12]}"
+            self.host_ip[node] = where["ip"]
+        _phase(self.run, "node hosts up")
+
+    def _rehost(self, name: str) -> None:
+        """Before `name` starts again: if its host was lost with its node, find or make the host of the
+        node its bundle was moved to (Ray re-places a lost node's bundles on the nodes left)."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+        if self.node_of[name] not in self._lost:
+            return
         deadline = time.time() + self.run.cfg.ray.placement_timeout_s
-        for name in names:
-            while True:
-                try:
-                    place = self.ray.get(self.handles[name].where.remote(), timeout=max(1.0, deadline - time.time()))
-                    break
-                except (ActorUnavailableError, ActorDiedError) as exc:  # restarting, or lost with its node
-                    if time.time() > deadline:
-                        raise RoleError(f"{name} did not come back within {self.run.cfg.ray.placement_timeout_s:.0f} s")
-                    time.sleep(0.5)
-                    if isinstance(exc, ActorDiedError):
-                        log.warning("%s was lost with its node; creating it again", name)
-                        self.handles[name] = self._create(name)
-            self.places[name] = place
-            log.info("%s runs on node %s (%s), pid %d", name, place["node"][:12], place["ip"], place["pid"])
+        while True:
+            node = self._bundle_nodes().get(name)
+            if node is not None and node in self.hosts and node not in self._lost:
+                break
+            handle = self._new_host(name)  # Ray starts it once the bundle has a live node
+            try:
+                node = self.ray.get(handle.where.remote(), timeout=max(1.0, deadline - time.time()))["node"]
+            except (ActorDiedError, ActorUnavailableError):
+                if time.time() > deadline:
+                    raise RoleError(f"{name}'s bundle found no live node within "
+                                    f"{self.run.cfg.ray.placement_timeout_s:.0f} s") from None
+                time.sleep(0.5)
+                continue
+            self.hosts[node] = handle
+            self._lost.discard(node)
+            self._locate_hosts([node])
+            break
+        log.warning("%s was lost with its node; it starts again on node %s", name, node[:12])
+        self.node_of[name] = node
 
-    def _bind_learners(self) -> None:
-        endpoints = json.dumps(self.endpoints.as_dict())
-        binds = [self.handles[name].bind.remote(endpoints, self.run.cfg.ray.bind_all_interfaces)
-                 for name in self.learners]
-        places = self.ray.get(binds, timeout=self.run.cfg.ray.placement_timeout_s)
-        self.learner_at = dict(zip(self.learners, places))
+    def _choose_learner_ports(self) -> None:
+        """Each learner listens at ports its host found free on its node; rank 0 also opens the group's
+        rendezvous. Known before any role starts, so every role starts at once."""
+        for rank, name in enumerate(self.learners):
+            node = self.node_of[name]
+            ip = self.host_ip[node]
+            ports = self.ray.get(self.hosts[node].free_ports.remote(ip, 3 if rank == 0 else 2))
+            self.learner_at[name] = {"fragments": f"tcp://{ip}:{ports[0]}", "weights": f"tcp://{ip}:{ports[1]}"}
+            if rank == 0 and len(self.learners) > 1:
+                self.learner_at[name]["group"] = {"host": ip, "port": ports[2]}
 
     def _learner_of(self, name: str) -> str:
         if is_learner(name):
@@ -316,14 +323,57 @@ class RayRoles:
         actor = int(name[len("actor"):]) if name.startswith("actor") else 0
         return f"learner{learner_of(self.run.cfg, actor)}"
 
-    def _run(self, name: str) -> None:
+    def _spec(self, name: str) -> dict[str, Any]:
         learner = self._learner_of(name)
         at = self.learner_at[learner]
-        wiring = {"endpoints": replace(self.endpoints, fragments=at["fragments"], weights=at["weights"]).as_dict(),
-                  "epoch": self.learner_epoch, "group": self.learner_at[self.learners[0]].get("group"),
-                  "same_machine": self.places[name]["node"] == self.places[learner]["node"]}
-        restore = self._restore(int(name[len("learner"):])) if is_learner(name) else None
-        self.refs[name] = self.handles[name].run.remote(json.dumps(wiring), restore)
+        bind_host = ANY_INTERFACE if self.run.cfg.ray.bind_all_interfaces else self.host_ip[self.node_of[learner]]
+        return {"name": name, "run": self._run_json, "token": self.token, "epoch": self.learner_epoch,
+                "endpoints": replace(self.endpoints, fragments=at["fragments"], weights=at["weights"]).as_dict(),
+                "listen": {k: at[k].replace(self.host_ip[self.node_of[learner]], bind_host)
+                           for k in ("fragments", "weights")},
+                "group": self.learner_at[self.learners[0]].get("group"),
+                "same_machine": self.node_of[name] == self.node_of[learner]}
+
+    def _start(self, names: list[str]) -> None:
+        """Ask the hosts to start these roles (all at once: a host starts its roles in turn)."""
+        calls = {}
+        for name in names:
+            restore = self._restore(int(name[len("learner"):])) if is_learner(name) else None
+            calls[name] = self.hosts[self.node_of[name]].start.remote(name, ROLE_PROCESS, self._spec(name), restore)
+        for name, call in calls.items():
+            self.pids[name] = self.ray.get(call, timeout=self.run.cfg.ray.placement_timeout_s)
+            self._exits.pop(name, None)
+            node = self.node_of[name]
+            self.places[name] = {"pid": self.pids[name], "node": node, "ip": self.host_ip[node]}
+            log.info("%s runs on node %s (%s), pid %d", name, node[:12], self.host_ip[node], self.pids[name])
+
+    def _poll(self) -> None:
+        """Collect the hosts' answers to "which of your roles ended?" without waiting, and ask again.
+        A host that cannot answer was lost (with its node): its roles ended with it."""
+        from ray.exceptions import RayActorError
+
+        if time.time() - self._polled_at < POLL_INTERVAL_S:
+            return
+        self._polled_at = time.time()
+        for node, host in self.hosts.items():
+            if node in self._lost:
+                continue
+            pending = self._polls.get(node)
+            if pending is None:
+                self._polls[node] = host.exitcodes.remote()
+                continue
+            if not self.ray.wait([pending], timeout=0)[0]:
+                continue
+            del self._polls[node]
+            try:
+                codes = self.ray.get(pending)
+            except RayActorError:
+                self._lost.add(node)
+                self._exits.update({n: "node host lost" for n, at in self.node_of.items() if at == node})
+                continue
+            for name, (pid, code) in codes.items():
+                if code is not None and pid == self.pids.get(name):  # not an answer about a replaced process
+                    self._exits[name] = code
 
     def _restore(self, rank: int) -> bytes | None:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
@@ -334,7 +384,7 @@ class RayRoles:
 
     def _record(self) -> None:
         """roles.json (pids) and placement.json (node, address and pid of every role)."""
-        (self.run.run_dir / "roles.json").write_text(json.dumps({n: p["pid"] for n, p in self.places.items()}))
+        (self.run.run_dir / "roles.json").write_text(json.dumps(self.pids))
         (self.run.run_dir / "placement.json").write_text(json.dumps(self.places, indent=2))
 
 
@@ -342,50 +392,12 @@ def _phase(run: RunContext, what: str) -> None:
     log.info("ray launcher: %s at %.2f s", what, time.time() - run.t0)
 
 
-def loopback_only(ray: Any) -> None:
-    """A Ray instance for this machine alone: Ray's processes and every TianJi socket on loopback.
-    (Ray otherwise swaps 127.0.0.1 for the machine's network address; this switch is how it lets a
-    single machine keep to loopback, in this process and the Ray processes it starts.)"""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def _start_or_join(ray: Any, cfg: Config) -> bool:
-    """Join `ray.address`, or start a Ray instance for this run; True when started here (to shut down)."""
-    if ray.is_initialized():
-        return False
-    options: dict[str, Any] = {"include_dashboard": False, "runtime_env": cfg.ray.runtime_env or None}
-    if cfg.ray.address is None:
-        needed = sum(b["CPU"] for b in bundles(cfg).values())
-        loopback_only(ray)
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), _node_ip_address=LOOPBACK,
-                 **options)
-    else:
-        address = _resolve_address(cfg.ray.address)
-        if address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]"):
-            loopback_only(ray)  # a cluster started on loopback (`ray start --head --node-ip-address=127.0.0.1`)
-        ray.init(address=address, **options)
-    return True
-
-
-def _resolve_address(address: str) -> str:
-    """'auto' names the cluster `ray start` recorded on this machine (or RAY_ADDRESS)."""
-    if address != "auto":
-        return address
-    try:
-        from ray._private.services import get_ray_address_from_environment
-
-        return get_ray_address_from_environment("auto", None) or address
-    except Exception:  # Ray's internals moved: let ray.init resolve it
-        return address
-
-
 def run_ray(run: RunContext, monitor: Monitor) -> str:
     """Place the roles on the Ray cluster, supervise them until a stop condition, stop them cleanly."""
-    ray = import_ray()
     cfg = run.cfg
-    started_here = _start_or_join(ray, cfg)
-    _phase(run, "joined Ray" if not started_here or cfg.ray.address is not None else "started Ray")
+    boot = booted(cfg.ray.address)
+    ray = boot.ray
+    _phase(run, "started Ray" if boot.started_here and cfg.ray.address is None else "joined Ray")
     keys = CurveKeys.new()
     ctx = zmq.Context()
     gate = Gatekeeper(ctx, keys)
@@ -397,7 +409,7 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
         control = ControlChannel(ctx, f"tcp://{host}:*", keys)
         endpoints = Endpoints("", "", bound_endpoint(events).replace(ANY_INTERFACE, ip),
                               control.endpoint.replace(ANY_INTERFACE, ip), keys)
-        roles = RayRoles(ray, run, endpoints, new_token())
+        roles = RayRoles(ray, run, endpoints, new_token(), boot.warm_host)
         reason = drive(run, monitor, events, control, roles)
         monitor.count("refused_peers", gate.refused)
         return reason
@@ -406,5 +418,5 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
             control.close()
         gate.stop()
         ctx.destroy(linger=0)
-        if started_here:
+        if boot.started_here:
             ray.shutdown()
