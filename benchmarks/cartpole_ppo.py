@@ -9,7 +9,8 @@ process start-up and, with --launcher ray, starting a one-node Ray instance incl
 launcher other than local, the local launcher runs beside it, seed by seed, and the ratio of the
 medians is printed. `--ray-modes` starts a cluster (`ray start --head`, a fresh token) for the
 benchmark and runs three commands in turn per seed: local, `--launcher ray --address auto` (joining
-it) and `--launcher ray` (a Ray instance of its own), then prints both ratios to local.
+it) and `--launcher ray` (a Ray instance of its own), then prints both ratios to local. Each command
+starts after `--pause` seconds of quiet, so none pays for the previous one's exit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import run_tianji
@@ -71,6 +73,8 @@ def main() -> None:
     parser.add_argument("--preset", default="cartpole-ppo")
     parser.add_argument("--launcher", choices=["local", "ray", "inline"], default="local")
     parser.add_argument("--ray-modes", action="store_true", help="local vs ray joining a cluster vs ray on its own")
+    parser.add_argument("--pause", type=float, default=3.0,
+                        help="seconds of quiet before each command (the last one's processes finish exiting)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     args = parser.parse_args()
     if args.ray_modes:  # label -> (launcher, extra overrides)
@@ -85,6 +89,7 @@ def main() -> None:
         with cluster:
             for seed in range(args.seeds):  # launchers take turns, so drift hits both alike
                 for label, (launcher, extra) in modes.items():
+                    time.sleep(args.pause)
                     rows[label].append(run_tianji(args.preset, Path(tmp) / f"{label}-seed{seed}", seed,
                                                   [*args.overrides, *extra], launcher))
     medians = {label: report(label, label_rows) for label, label_rows in rows.items()}

@@ -1,6 +1,6 @@
 """The Ray launcher on a two-node cluster made on this machine (head + one worker node, everything on
 loopback): placement by custom resources, fragments across nodes over CURVE-encrypted TCP, an actor
-killed and restarted by Ray. Marked `ray` (a cluster start costs ~10 s)."""
+process killed and started again by its node host. Marked `ray` (a cluster start costs ~10 s)."""
 
 from __future__ import annotations
 
