@@ -95,12 +95,21 @@ class NoSync:
 
     stopped = False
     world_size = 1
+    averages = 0  # parameter averages applied
 
     def gradients(self, params: Sequence[torch.Tensor]) -> None:
         pass
 
     def after_update(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:
         pass
+
+    def started(self, params: Sequence[torch.Tensor]) -> None:
+        """The group's common starting point (after rank 0's parameters were broadcast)."""
+
+    def own_progress(self) -> float:
+        """How far (max abs over parameters) this learner may have moved on its own since the group
+        last agreed: 0 when the group never disagrees."""
+        return 0.0
 
     def poll(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:
         pass
@@ -148,12 +157,31 @@ class ParameterAverage(NoSync):
         self._work = None
         self._buffer: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None
+        # own progress, as the sum of each update's largest parameter change: since the last applied
+        # average, and since the snapshot of the average in flight (what stays after it is applied)
+        self._previous: torch.Tensor | None = None
+        self._since_average = self._since_snapshot = 0.0
+
+    def started(self, params: Sequence[torch.Tensor]) -> None:
+        self._previous = _flatten(params)
+
+    def own_progress(self) -> float:
+        return self._since_average
+
+    def _count_step(self, params: Sequence[torch.Tensor]) -> None:
+        current = _flatten(params)
+        if self._previous is not None:
+            step = float((current - self._previous).abs().max())
+            self._since_average += step
+            self._since_snapshot += step
+        self._previous = current
 
     def _tensors(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return list(params) + (list(moments) if self.average_optimizer else [])
 
     def after_update(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:
         self.updates += 1
+        self._count_step(params)
         if self.updates % self.every == 0:
             if self._work is not None:  # at most one average in flight
                 self._work.wait()
@@ -183,6 +211,7 @@ class ParameterAverage(NoSync):
 
     def _launch(self, tensors: Sequence[torch.Tensor], flag: float) -> None:
         self._snapshot = _flatten(tensors)
+        self._since_snapshot = 0.0
         self._buffer = torch.cat([torch.tensor([flag], device=self._snapshot.device), self._snapshot])
         self._work = dist.all_reduce(self._buffer, async_op=True)
 
@@ -196,6 +225,8 @@ class ParameterAverage(NoSync):
         progress = _flatten(tensors) - snapshot
         _unflatten(buffer[1:] / self.world_size + progress, tensors)
         self.averages += 1
+        self._since_average = self._since_snapshot  # the average is common; what was learned since is own
+        self._previous = _flatten(params)
 
 
 def make_sync(mode: str, world_size: int, every: int = 1, average_optimizer: bool = False) -> NoSync:

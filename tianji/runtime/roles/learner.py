@@ -123,8 +123,10 @@ class Learner:
             self.sync.stop(self.algo.parameters(), self.algo.optimizer_moments())
 
     def state_dict(self) -> dict[str, Any]:
+        sync = {} if self.sync is None else {"sync": {"averages": self.sync.averages,
+                                                          "own_progress": self.sync.own_progress()}}
         return {"algo": self.algo.state_dict(), "version": self.version, "updates": self.updates,
-                "samples_trained": self.samples_trained, "env_steps_consumed": self.env_steps_consumed}
+                "samples_trained": self.samples_trained, "env_steps_consumed": self.env_steps_consumed, **sync}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])

@@ -330,3 +330,4 @@ def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: A
     version = torch.tensor([float(learner.version)])
     broadcast_from_first([*learner.algo.parameters(), *learner.algo.optimizer_moments(), version])
     learner.version = int(version.item())
+    learner.sync.started(learner.algo.parameters())
