@@ -87,8 +87,8 @@ def test_peers_without_the_run_key_are_refused_and_nothing_they_send_is_trained(
         for slot in range(2):
             sock.send_multipart(fragment_frames(cfg, slot))
     totals = {"refused_peers": 0, "updates": 0, "fragments_consumed": 0}
-    deadline = time.time() + 5
-    while time.time() < deadline:
+    start = time.time()  # listen 5 s, longer (up to 30 s) on a loaded machine until a refusal is reported
+    while time.time() < start + 5 or (totals["refused_peers"] < 1 and time.time() < start + 30):
         if events.poll(200):
             event = unpack_header(events.recv_multipart()[0])
             if event["kind"] == "learner":
