@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tianji.runtime.roles.host import HostError, NodeHost
+from tianji.runtime.roles.host import HostError, NodeHost, Zygote
 
 
 def wait_exit(host: NodeHost, name: str, timeout_s: float = 20.0) -> int | None:
@@ -58,6 +58,18 @@ def test_an_attachment_reaches_the_role_as_a_file(capfd):
     spec = ast.literal_eval(capfd.readouterr().out.strip().splitlines()[-1])
     assert spec["x"] == 1 and Path(spec["attachment"]).read_bytes() == b"checkpoint bytes"
     Path(spec["attachment"]).unlink()
+
+
+def test_a_zygote_started_by_one_process_is_driven_by_a_host_elsewhere():
+    zygote = Zygote(["json"])  # as the command starts its machine's zygote before Ray is up
+    host = NodeHost(["json"], zygote_path=zygote.path)  # as the warm host Ray creates adopts it
+    try:
+        host.start("actor1", "sys:exit", 5)
+        assert wait_exit(host, "actor1") == 5
+        host.close()  # the end of its connection: the zygote exits
+        assert zygote.process.wait(10) == 0
+    finally:
+        zygote.close()
 
 
 def test_a_zygote_that_cannot_load_the_role_code_says_which_module():

@@ -171,9 +171,10 @@ def _raise_interrupt(signum, frame):  # SIGTERM stops a run the way Ctrl-C does
 
 
 def _boot_ray_if_asked(argv: list[str]) -> None:
-    """`train --launcher ray`: join or start Ray first, so that the warm host's zygote loads the role
-    code while this process loads the same (rather than after it). The launcher checks that the
-    address it finally reads from the config is the one booted."""
+    """`train --launcher ray`: start this machine's zygote (it loads the role code at once), then join
+    or start Ray with a warm host that will drive that zygote, then load the rest here: the three
+    overlap instead of adding up. The launcher checks that the address it finally reads from the
+    config is the one booted."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("command", nargs="?")
     pre.add_argument("--launcher")

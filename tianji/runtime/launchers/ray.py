@@ -31,7 +31,7 @@ from tianji.runtime.driver.checkpoint import ShippedStore, restore_path
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
-from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, RayNodeHost, booted
+from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, Booted, RayNodeHost, booted
 from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
 from tianji.runtime.sync import GroupSpec
 from tianji.runtime.transport.links import (
@@ -151,7 +151,7 @@ class RayRoles:
     where Ray moves its bundles; the learners are replaced as a group, with the next epoch, from the
     last checkpoint."""
 
-    def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str, warm_host: Any = None):
+    def __init__(self, ray: Any, run: RunContext, endpoints: Endpoints, token: str, boot: Booted | None = None):
         from ray.util.placement_group import placement_group
 
         self.ray, self.run, self.token = ray, run, token
@@ -179,7 +179,7 @@ class RayRoles:
         try:
             self._wait_for_placement()
             _phase(run, "roles placed")
-            self._place_hosts(warm_host)
+            self._place_hosts(boot)
             self._choose_learner_ports()
             self._start(list(self.bundles))
             _phase(run, "roles running")
@@ -239,19 +239,19 @@ class RayRoles:
         on = placement_group_table(self.pg).get("bundles_to_node_id", {})
         return {name: on.get(i) for i, name in enumerate(self.bundles) if on.get(i)}
 
-    def _place_hosts(self, warm_host: Any) -> None:
+    def _place_hosts(self, boot: Booted | None) -> None:
         """One host per node, in the first bundle placed there (a learner's first: it may hold the GPU).
-        The warm host (on the driver's node) serves that node when it can: no GPU, no runtime_env."""
+        The warm host (on the driver's node) serves that node when it can: no GPU there (its zygote has
+        the command's environment, not what Ray gives a GPU worker), no ray.runtime_env."""
         on = self._bundle_nodes()
-        warm_node = None
-        if warm_host is not None:
-            warm_node = self.ray.get(warm_host.where.remote())["node"]
+        if boot is not None and boot.warm_host is not None:
+            warm_node = self.ray.get(boot.warm_host.where.remote())["node"]
             gpu_there = any(self.bundles[n].get("GPU") for n, node in on.items() if node == warm_node)
             if gpu_there or self.run.cfg.ray.runtime_env or warm_node not in on.values():
-                self.ray.kill(warm_host, no_restart=True)
-                warm_node = None
+                self.ray.kill(boot.warm_host, no_restart=True)
+                boot.close()
             else:
-                self.hosts[warm_node] = warm_host
+                self.hosts[warm_node] = boot.warm_host
         for name in self.bundles:
             if on[name] not in self.hosts:
                 self.hosts[on[name]] = self._new_host(name)
@@ -409,7 +409,7 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
         control = ControlChannel(ctx, f"tcp://{host}:*", keys)
         endpoints = Endpoints("", "", bound_endpoint(events).replace(ANY_INTERFACE, ip),
                               control.endpoint.replace(ANY_INTERFACE, ip), keys)
-        roles = RayRoles(ray, run, endpoints, new_token(), boot.warm_host)
+        roles = RayRoles(ray, run, endpoints, new_token(), boot)
         reason = drive(run, monitor, events, control, roles)
         monitor.count("refused_peers", gate.refused)
         return reason
@@ -420,3 +420,4 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
         ctx.destroy(linger=0)
         if boot.started_here:
             ray.shutdown()
+        boot.close()

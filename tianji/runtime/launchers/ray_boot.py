@@ -1,8 +1,9 @@
 """Joining or starting Ray, and the node hosts the Ray launcher starts roles from. No torch here:
-`tianji train --launcher ray` boots Ray before it imports the rest, and creates a warm host on this
-machine whose zygote imports the role code while the command does the same.
+`tianji train --launcher ray` first starts this machine's zygote (it imports the role code at once),
+then boots Ray and creates a warm host here that drives that zygote, and only then imports the
+rest: the zygote's import overlaps Ray's start and the command's own imports.
 
-    booted = boot("auto", warm=True)   # booted.ray, booted.started_here, booted.warm_host
+    booted = boot("auto", Zygote(ROLE_CODE))   # booted.ray, booted.started_here, booted.warm_host
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tianji.runtime.roles.host import NodeHost
+from tianji.runtime.roles.host import NodeHost, Zygote
 from tianji.sections import ConfigError
 
 LOOPBACK = "127.0.0.1"
@@ -73,13 +74,14 @@ def start_or_join(ray: Any, address: str | None) -> bool:
     return True
 
 
-def warm_host(ray: Any) -> Any:
-    """A node host on the driver's machine, outside the run's placement group (it reserves nothing:
-    the roles' bundles do), created before the placement so its zygote loads while the driver works."""
+def warm_host(ray: Any, zygote: Zygote) -> Any:
+    """A node host on the driver's machine that drives the zygote the command started, outside the
+    run's placement group (it reserves nothing: the roles' bundles do)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(RayNodeHost).options(num_cpus=0, scheduling_strategy=here, max_restarts=0).remote(ROLE_CODE)
+    return ray.remote(RayNodeHost).options(num_cpus=0, scheduling_strategy=here, max_restarts=0).remote(
+        ROLE_CODE, zygote.path)
 
 
 @dataclass
@@ -88,23 +90,32 @@ class Booted:
     address: str | None  # as asked: None for an instance of this run's own
     started_here: bool
     warm_host: Any | None
+    zygote: Zygote | None  # the warm host's, started by this process
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
 
 
-def boot(address: str | None, warm: bool) -> Booted:
+def boot(address: str | None, zygote: Zygote | None = None) -> Booted:
     """Join `address` or start Ray, from the main thread (the Ray processes it starts are tied to the
-    thread that started them); `warm`: also create the warm host on this machine."""
+    thread that started them); with a `zygote` of this machine, also the warm host that drives it."""
     ray = import_ray()
     started = start_or_join(ray, address)
-    return Booted(ray, address, started, warm_host(ray) if warm and started else None)
+    if zygote is not None and not started:
+        zygote.close()
+        zygote = None
+    return Booted(ray, address, started, None if zygote is None else warm_host(ray, zygote), zygote)
 
 
 _early: Booted | None = None
 
 
 def boot_early(address: str | None) -> None:
-    """Boot Ray before the command's heavy imports (it asked for --launcher ray); `booted` picks it up."""
+    """The command asked for --launcher ray: start this machine's zygote, then boot Ray, before the
+    command's heavy imports; `booted` picks it up."""
     global _early
-    _early = boot(address, warm=True)
+    _early = boot(address, Zygote(ROLE_CODE))
 
 
 def booted(address: str | None) -> Booted:
@@ -114,6 +125,7 @@ def booted(address: str | None) -> Booted:
     if early is not None:
         if early.address == address:
             return early
+        early.close()
         if early.started_here:  # the config named another cluster than the command line
             early.ray.shutdown()
-    return boot(address, warm=False)
+    return boot(address)

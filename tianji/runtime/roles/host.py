@@ -8,8 +8,11 @@ role code (torch, the envs) once rather than once per role.
 The zygote is a fresh interpreter (`python -m tianji.runtime.roles.host`) that imports the named
 modules, then forks one child per request; a child runs `module:function(spec)` and exits. Forking
 from this single-threaded zygote rather than from the host keeps children clear of whatever threads
-the host's own process runs (a Ray worker runs many). Requests and replies are JSON lines on two
-pipes; every process dies with its parent (the zygote with the host, a role with the zygote).
+the host's own process runs (a Ray worker runs many). The zygote listens on a Unix socket in a
+private folder for the one host that drives it (JSON lines), so the process that starts it need not
+be the host: a command can start the zygote of its own machine before Ray is even up and hand it
+to the host Ray creates there (`Zygote`). A zygote exits when its host goes (end of the connection)
+or its parent does; a role dies with its zygote.
 
 This module imports no torch, so a launcher can create a host before its own heavy imports finish.
 """
@@ -19,34 +22,52 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket as pysocket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from tianji.runtime.transport.links import die_with_parent
 
 READY = "ready"
+CONNECT_TIMEOUT_S = 60.0
 
 
 class HostError(RuntimeError):
     """The zygote could not load the role code or start a role."""
 
 
-class NodeHost:
-    """Role processes of one machine, known by name, forked from a zygote that `preload` warms."""
+class Zygote:
+    """A zygote started by this process; a NodeHost drives it through `path` (here or in a process
+    this one hands the path to)."""
 
     def __init__(self, preload: list[str]):
-        replies_r, replies_w = os.pipe()
-        self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "tianji.runtime.roles.host", str(replies_w), str(os.getpid()), *preload],
-            stdin=subprocess.PIPE, pass_fds=(replies_w,), text=True)
-        os.close(replies_w)
-        self._replies = os.fdopen(replies_r, "r")
-        self._ready = False
+        self.folder = Path(tempfile.mkdtemp(prefix="tianji-zygote-"))  # mode 0700: this user only
+        self.path = str(self.folder / "socket")
+        self.process = subprocess.Popen([sys.executable, "-m", "tianji.runtime.roles.host", self.path,
+                                         str(os.getpid()), *preload], stdin=subprocess.DEVNULL)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class NodeHost:
+    """Role processes of one machine, known by name, forked from a zygote that `preload` warms: one it
+    starts itself, or the one listening at `zygote_path` (started by another process of this machine)."""
+
+    def __init__(self, preload: list[str], zygote_path: str | None = None):
+        self._own = Zygote(preload) if zygote_path is None else None
+        self._path = zygote_path or self._own.path  # type: ignore[union-attr]
+        self._channel: Any = None  # connected at the first request; the zygote loads meanwhile
         self._roles: dict[str, int] = {}  # name -> pid of its current process
         self._exits: dict[int, int] = {}  # pid -> exit code, once reaped
 
@@ -90,22 +111,36 @@ class NodeHost:
     def close(self) -> None:
         for name in list(self._roles):
             self.kill(name)
-        if self._zygote.poll() is None:
-            self._zygote.kill()
-        self._zygote.wait()
+        if self._channel is not None:
+            self._channel.close()  # the zygote sees the end of its connection and exits
+        if self._own is not None:
+            self._own.close()
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        if not self._ready:
-            self._ready = self._reply()[READY]
-        assert self._zygote.stdin is not None
-        self._zygote.stdin.write(json.dumps(request) + "\n")
-        self._zygote.stdin.flush()
+        if self._channel is None:
+            self._channel = self._connect()
+            self._reply()  # READY: the role code has loaded
+        self._channel.write(json.dumps(request) + "\n")
+        self._channel.flush()
         return self._reply()
 
+    def _connect(self) -> Any:
+        deadline = time.time() + CONNECT_TIMEOUT_S
+        while True:
+            sock = pysocket.socket(pysocket.AF_UNIX)
+            try:
+                sock.connect(self._path)
+                return sock.makefile("rw", buffering=1)
+            except (FileNotFoundError, ConnectionRefusedError):  # not listening yet
+                sock.close()
+                if time.time() > deadline or (self._own is not None and self._own.process.poll() is not None):
+                    raise HostError(f"no zygote listens at {self._path}; its log says why") from None
+                time.sleep(0.01)
+
     def _reply(self) -> dict[str, Any]:
-        line = self._replies.readline()
+        line = self._channel.readline()
         if not line:
-            raise HostError(f"the zygote exited (code {self._zygote.wait()}); its log says why")
+            raise HostError("the zygote exited; its log says why")
         reply = json.loads(line)
         if "error" in reply:
             raise HostError(reply["error"])
@@ -115,11 +150,10 @@ class NodeHost:
 # ---------------------------------------------------------------- the zygote's side
 
 
-def _child(target: str, spec: dict[str, Any], replies: int) -> int:
-    """In a forked child: leave the zygote's pipes alone, run the role, return its exit code."""
-    os.close(replies)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+def _child(target: str, spec: dict[str, Any], keep_out: list[int]) -> int:
+    """In a forked child: leave the zygote's sockets alone, run the role, return its exit code."""
+    for fd in keep_out:
+        os.close(fd)
     module, function = target.split(":")
     try:
         getattr(importlib.import_module(module), function)(spec)  # preloaded: a dict lookup
@@ -146,27 +180,39 @@ def _reap() -> dict[int, int]:
         exits[pid] = os.waitstatus_to_exitcode(status)
 
 
-def zygote_main(replies: int, host_pid: int, preload: list[str]) -> None:
-    die_with_parent(host_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = os.fdopen(replies, "w", buffering=1)
+def _load(preload: list[str]) -> dict[str, Any]:
     try:
         for module in preload:
             importlib.import_module(module)
-        out.write(json.dumps({READY: True}) + "\n")
+        return {READY: True}
     except BaseException:
-        out.write(json.dumps({"error": f"the role code did not load:\n{traceback.format_exc()}"}) + "\n")
+        return {"error": f"the role code did not load:\n{traceback.format_exc()}"}
+
+
+def zygote_main(path: str, parent_pid: int, preload: list[str]) -> None:
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listener = pysocket.socket(pysocket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)  # a host may connect now; it waits for READY
+    loaded = _load(preload)
+    connection, _ = listener.accept()
+    listener.close()
+    Path(path).unlink(missing_ok=True)
+    channel = connection.makefile("rw", buffering=1)
+    channel.write(json.dumps(loaded) + "\n")
+    if READY not in loaded:
         return
-    for line in sys.stdin:  # EOF: the host closed us
+    for line in channel:  # the end: the host closed the connection or died
         request = json.loads(line)
         if request.get("op") == "reap":
-            out.write(json.dumps({"exits": _reap()}) + "\n")
+            channel.write(json.dumps({"exits": _reap()}) + "\n")
             continue
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(request["target"], request["spec"], replies))
-        out.write(json.dumps({"pid": pid}) + "\n")
+            os._exit(_child(request["target"], request["spec"], [connection.fileno()]))
+        channel.write(json.dumps({"pid": pid}) + "\n")
 
 
 if __name__ == "__main__":
-    zygote_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])
+    zygote_main(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
