@@ -37,6 +37,7 @@ from tianji.runtime.transport.links import die_with_parent
 
 READY = "ready"
 CONNECT_TIMEOUT_S = 60.0
+FOLDER_PREFIX = "tianji-zygote-"
 
 
 class HostError(RuntimeError):
@@ -48,7 +49,7 @@ class Zygote:
     this one hands the path to)."""
 
     def __init__(self, preload: list[str]):
-        self.folder = Path(tempfile.mkdtemp(prefix="tianji-zygote-"))  # mode 0700: this user only
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700: this user only
         self.path = str(self.folder / "socket")
         self.process = subprocess.Popen([sys.executable, "-m", "tianji.runtime.roles.host", self.path,
                                          str(os.getpid()), *preload], stdin=subprocess.DEVNULL)
@@ -199,6 +200,8 @@ def zygote_main(path: str, parent_pid: int, preload: list[str]) -> None:
     connection, _ = listener.accept()
     listener.close()
     Path(path).unlink(missing_ok=True)
+    if Path(path).parent.name.startswith(FOLDER_PREFIX):  # nobody else will connect: leave no folder behind
+        Path(path).parent.rmdir()
     channel = connection.makefile("rw", buffering=1)
     channel.write(json.dumps(loaded) + "\n")
     if READY not in loaded:
