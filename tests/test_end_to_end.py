@@ -225,11 +225,17 @@ def test_a_learner_group_under_allreduce_ends_with_identical_checkpoints(tmp_pat
     raw = {"name": "group", "topology": {"actors": 2, "learners": 2, "envs_per_actor": 4, "fragment_length": 16},
            "algo": {"name": "ppo", "epochs": 1, "minibatches": 1}, "stop": {"max_env_steps": 4096},
            "sync": {"mode": "allreduce"}, "logging": {"console": False}}
-    run_dir, _ = train(build_config(raw), "local", run_dir=str(tmp_path / "run"))
+    run_dir, summary = train(build_config(raw), "local", run_dir=str(tmp_path / "run"))
     first, second = (load_learner(run_dir / "checkpoints", rank) for rank in (0, 1))
     assert first["version"] == second["version"] > 0
     for name, tensor in first["algo"]["net"].items():
         assert torch.equal(tensor, second["algo"]["net"][name]), name
+    # each learner measured the group's collectives at start, with a bucket of the model's size
+    parameters = sum(t.numel() for t in first["algo"]["net"].values())
+    for role in ("learner0", "learner1"):
+        costs = summary["measured_costs"][role]
+        assert costs["allreduce_bucket_bytes"] == 4 * parameters
+        assert 0 < costs["allreduce_latency_s"] < costs["allreduce_bucket_s"] and costs["allreduce_bytes_per_s"] > 0
 
 
 def test_a_learner_group_under_average_differs_by_no_more_than_each_learners_own_progress(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -158,3 +159,20 @@ def test_layout_space_plans_learners_up_to_half_the_cores():
     assert layout_space(config(), cores=64, plan_envs=False, plan_actors=True, plan_learners=True).learners == \
         (1, 2, 4, 8, 16, 32)
     assert layout_space(config(), cores=2, plan_envs=False, plan_actors=True, plan_learners=True).learners == (1,)
+
+
+def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
+    costs = plan.measure_local_group(10_000)  # two processes, gloo over loopback, the learners' own probe
+    assert costs["allreduce_bucket_bytes"] == 40_000
+    assert 0 < costs["allreduce_latency_s"] < costs["allreduce_bucket_s"] < 1 and costs["allreduce_bytes_per_s"] > 0
+    measured = Calibration({32: 100_000.0}, learner_rate=20_000.0, steps_per_update=2048, fragment_steps=2048,
+                           seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
+                           sync_latency_s=costs["allreduce_latency_s"] / 2,
+                           sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
+    # two learners: each optimizer step pays exactly the all_reduce the probe timed
+    update_s = 2048 / 20_000.0
+    assert plan.group_learner_rate(measured, 2, "allreduce") == pytest.approx(
+        2048 / (update_s + 16 * costs["allreduce_bucket_s"]), rel=1e-6)
+    slower = dataclasses.replace(measured, sync_bytes_per_s=measured.sync_bytes_per_s / 100)
+    assert plan.group_learner_rate(slower, 4, "allreduce") < plan.group_learner_rate(measured, 4, "allreduce")
+    assert "learner group (measured" in plan.format_table(measured, [], cores=8)

@@ -96,6 +96,11 @@ def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_
             print(f"\n  two learners: {name} ran on node {place['node'][:12]}", end="")
     assert places["learner0"]["node"] != places["learner1"]["node"]
     assert all(s["updates"] > 0 for s in summary["learners"].values())
+    costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
+    assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
+    with capsys.disabled():
+        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
     assert (run_dir / "checkpoints" / "learner-rank1.pt").exists()  # shipped from the other node
 
 
@@ -140,7 +145,7 @@ def test_smax_qmix_runs_under_ray_with_the_compile_cache(two_nodes, tmp_path):
     assert any((cache / "jax").iterdir()), "no compiled step in the cache"
 
 
-def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path):
+def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path, capsys):
     cfg = load_config("cartpole-dqn", [
         f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
         f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2", "topology.actors=2"])
@@ -149,6 +154,11 @@ def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_pa
     places = json.loads((run_dir / "placement.json").read_text())
     assert places["learner0"]["node"] != places["learner1"]["node"]
     assert all(s["updates"] > 0 for s in summary["learners"].values())
+    costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
+    assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
+    with capsys.disabled():
+        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
 
 
 def test_a_local_ray_instance_runs_the_same_config(tmp_path):

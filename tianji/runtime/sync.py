@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -65,6 +67,31 @@ def join_group(spec: GroupSpec, store: dist.TCPStore | None = None) -> None:
 def leave_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def measure_group(parameters: int, device: torch.device | str = "cpu", repeats: int = 7) -> dict[str, float]:
+    """The group's collective costs, measured on every rank together (a collective itself): the median
+    time of an all_reduce of one number (latency) and of one gradient bucket (`parameters` float32s),
+    and the bus bandwidth that implies (a ring moves 2 (L - 1) / L of the bucket through each link)."""
+    small, bucket = torch.zeros(1, device=device), torch.zeros(max(1, parameters), device=device)
+
+    def median_s(tensor: torch.Tensor) -> float:
+        for _ in range(2):  # warm-up: connections, buffers
+            dist.all_reduce(tensor)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            if tensor.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    latency, full = median_s(small), median_s(bucket)
+    world = dist.get_world_size()
+    moved = 2 * (world - 1) / world * bucket.element_size() * bucket.numel()
+    return {"allreduce_latency_s": latency, "allreduce_bucket_bytes": float(bucket.element_size() * bucket.numel()),
+            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / max(full - latency, 1e-9)}
 
 
 def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> None:

@@ -34,15 +34,17 @@ from typing import Any
 import torch
 
 from tianji.config import Config, build_config
+from tianji.runtime.launchers.local import free_loopback_port
 from tianji.runtime.roles.build import build_actor, build_learner
+from tianji.runtime.sync import GroupSpec, join_group, leave_group, measure_group
 from tianji.runtime.transport.links import die_with_parent
 
 ENV_CHOICES = (4, 8, 16, 32, 64, 128)
 ACTOR_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_ACTORS = 128
 TABLE_ROWS = 30  # `tianji plan` prints the fastest layouts (and the chosen one) when there are more
-SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners (assumed)
-SYNC_BANDWIDTH = 1e9  # bytes/s between learners (assumed: TCP, the same machine or a fast network)
+SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners, until measured
+SYNC_BANDWIDTH = 1e9  # bytes/s between learners, until measured
 TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
 HEADROOM = 0.25  # preferred slack on the side that idles
 
@@ -56,6 +58,10 @@ class Calibration:
     seconds: float
     optimizer_steps_per_update: float = 1.0  # gradient steps in one update (one collective each under allreduce)
     parameters: int = 0  # trained parameters (what a learner group keeps in step)
+    # a learner group's collectives: measured by a group of two on this machine when learners are planned
+    sync_latency_s: float = SYNC_LATENCY_S  # one message: half an all_reduce of one number between two
+    sync_bytes_per_s: float = SYNC_BANDWIDTH  # bus bandwidth of an all_reduce of the model's gradients
+    sync_measured: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,46 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
     learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
                                                                                learner_seconds)
+    sync = {}
+    if max(space.learners) > 1:
+        costs = measure_local_group(parameters)
+        sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
+                "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
     return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started,
-                       gradient_steps, parameters)
+                       gradient_steps, parameters, **sync)
+
+
+def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 60.0) -> dict[str, float]:
+    """A learner group's collective costs on this machine: `learners` processes form a gloo group
+    over loopback and run the probe every learner group runs at start (`measure_group`), with a
+    bucket of the model's size."""
+    ctx = multiprocessing.get_context("fork")  # torch runs one thread here (calibrate): safe to fork
+    results, sender = ctx.Pipe(duplex=False)
+    port = free_loopback_port()
+    ranks = [ctx.Process(target=_probe_rank, args=(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s),
+                                                   parameters, sender if rank == 0 else None, os.getpid()))
+             for rank in range(learners)]
+    for process in ranks:
+        process.start()
+    sender.close()
+    try:
+        if not results.poll(timeout_s):
+            raise RuntimeError(f"the learner-group probe did not finish within {timeout_s:.0f} s")
+        return results.recv()
+    finally:
+        for process in ranks:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+
+
+def _probe_rank(spec: GroupSpec, parameters: int, results: Any, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    join_group(spec)
+    costs = measure_group(parameters)
+    leave_group()
+    if results is not None:
+        results.send(costs)
 
 
 class _CountingHook:
@@ -184,12 +228,14 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) ->
 
 def group_learner_rate(cal: Calibration, learners: int, mode: str) -> float:
     """Env steps/s one learner of a group consumes. allreduce adds a ring all-reduce to every
-    optimizer step: 2 (L - 1) messages of latency SYNC_LATENCY_S and 2 (L - 1) / L of the gradient
-    bytes at SYNC_BANDWIDTH (assumed, not measured); asynchronous averages overlap training."""
+    optimizer step: 2 (L - 1) messages of latency and 2 (L - 1) / L of the gradient bytes at the
+    group's bus bandwidth (both measured by a group of two on this machine when learners are planned,
+    see `measure_local_group`); asynchronous averages overlap training."""
     if learners == 1 or mode != "allreduce":
         return cal.learner_rate
     update_s = cal.steps_per_update / cal.learner_rate
-    per_step = 2 * (learners - 1) * SYNC_LATENCY_S + 2 * (learners - 1) / learners * 4 * cal.parameters / SYNC_BANDWIDTH
+    per_step = (2 * (learners - 1) * cal.sync_latency_s
+                + 2 * (learners - 1) / learners * 4 * cal.parameters / cal.sync_bytes_per_s)
     return cal.steps_per_update / (update_s + cal.optimizer_steps_per_update * per_step)
 
 
@@ -396,6 +442,10 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
              f"({cal.steps_per_update:,.0f} per update)"]
     lines.append("  actor env steps/s by envs per actor: "
                  + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
+    if cal.sync_measured:
+        lines.append(f"  learner group (measured: two learners on this machine, a {4 * cal.parameters / 1e3:,.0f} kB "
+                     f"bucket): all_reduce latency {2 * cal.sync_latency_s * 1e6:,.0f} us, "
+                     f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s")
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     shown = layouts
     if len(layouts) > TABLE_ROWS:

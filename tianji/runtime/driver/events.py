@@ -80,6 +80,12 @@ class CheckpointNotice(TypedDict):
     rank: int
 
 
+class MeasuredCosts(TypedDict):
+    kind: Literal["measured"]  # costs a role measured once, at start (a learner group's collectives)
+    role: str
+    costs: dict[str, float]
+
+
 class RoleNote(TypedDict, total=False):
     kind: Literal["heartbeat", "error", "stopped"]
     role: str
@@ -87,7 +93,7 @@ class RoleNote(TypedDict, total=False):
     version: int  # stopped: the learner's last version
 
 
-Event = Union[ActorEvent, LearnerEvent, EvalEvent, CheckpointNotice, RoleNote]
+Event = Union[ActorEvent, LearnerEvent, EvalEvent, CheckpointNotice, MeasuredCosts, RoleNote]
 _COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
 
 
@@ -101,6 +107,10 @@ def learner_event(rank: int, version: int, lags: list[int], dropped_lags: list[i
     return {"kind": "learner", "role": f"learner{rank}", "rank": rank, "version": version, "lags": lags,
             "dropped_lags": dropped_lags, "stats": stats, "replay_ratio": replay_ratio,
             **{key: counts[key] for key in LEARNER_COUNTERS}}  # type: ignore[typeddict-item]
+
+
+def measured(role: str, costs: dict[str, float]) -> MeasuredCosts:
+    return {"kind": "measured", "role": role, "costs": costs}
 
 
 def checkpoint_notice(version: int, rank: int) -> CheckpointNotice:
@@ -119,7 +129,7 @@ def stopped(version: int) -> RoleNote:
     return {"kind": "stopped", "version": version}
 
 
-KINDS = ("actor", "learner", "eval", "checkpoint", "heartbeat", "error", "stopped")
+KINDS = ("actor", "learner", "eval", "checkpoint", "measured", "heartbeat", "error", "stopped")
 
 
 def checked_event(header: dict[str, Any]) -> Event:
@@ -131,4 +141,7 @@ def checked_event(header: dict[str, Any]) -> Event:
         value = header.get(key, 0)
         if not isinstance(value, Real) or isinstance(value, bool):
             raise WireError(f"{kind} event field {key!r} must be a number, got {value!r}")
+    if kind == "measured" and not (isinstance(header.get("costs"), dict) and all(
+            isinstance(v, Real) and not isinstance(v, bool) for v in header["costs"].values())):
+        raise WireError(f"measured event field 'costs' must map names to numbers, got {header.get('costs')!r}")
     return header  # type: ignore[return-value]

@@ -53,6 +53,7 @@ class Monitor:
         self.per_learner_version: dict[int, int] = {k: int(saved.get(str(k), {}).get("version", 0))
                                                     for k in range(self.learners)}
         self._per_learner_window: dict[int, list[int]] = {k: [] for k in range(self.learners)}
+        self.measured: dict[str, dict[str, float]] = {}  # role -> costs it measured at start
         self.eval_return: float | None = r.get("eval_return")
         self.eval_win_rate: float | None = r.get("eval_win_rate")
         self.eval_length = float("nan")
@@ -87,6 +88,8 @@ class Monitor:
             self._on_learner(event)
         elif kind == "eval":
             self._on_eval(event)
+        elif kind == "measured":
+            self.measured[event["role"]] = dict(event["costs"])
 
     def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
@@ -255,6 +258,7 @@ class Monitor:
             "samples_trained": int(self.totals["samples_trained"]),
             "policy_version": self.version,
             "learners": {f"learner{rank}": self._learner_summary(rank) for rank in self.per_learner},
+            "measured_costs": self.measured,  # by role: what it measured at start (a learner group's collectives)
             "stop_reason": stop_reason,
         }
 

@@ -21,12 +21,20 @@ import zmq
 
 from tianji.runtime.driver.checkpoint import FileStore, ShippedStore
 from tianji.runtime.driver.context import RunContext
-from tianji.runtime.driver.events import heartbeat, role_error, stopped
+from tianji.runtime.driver.events import heartbeat, measured, role_error, stopped
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService
-from tianji.runtime.sync import GroupSpec, GroupStopping, broadcast_from_first, join_group, leave_group, make_sync
+from tianji.runtime.sync import (
+    GroupSpec,
+    GroupStopping,
+    broadcast_from_first,
+    join_group,
+    leave_group,
+    make_sync,
+    measure_group,
+)
 from tianji.runtime.transport.links import (
     DriverGone,
     DriverLink,
@@ -250,7 +258,8 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
     if group is not None:
         if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
             group = replace(group, backend="nccl")  # gradients stay on the GPUs
-        _join_learner_group(learner, cfg, group, group_store)
+        costs = _join_learner_group(learner, cfg, group, group_store)
+        events.send(pack_header(measured(f"learner{rank}", costs)))
     service = LearnerService(learner, cfg, epoch, rank)
     reporter = service.reporter
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
@@ -322,12 +331,19 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         leave_group()
 
 
-def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: Any) -> None:
+def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: Any) -> dict[str, float]:
     """Form the process group and start from rank 0's parameters, moments and version (after a
-    resume each learner loaded its own checkpoint; in allreduce mode they must be identical)."""
+    resume each learner loaded its own checkpoint; in allreduce mode they must be identical).
+    Returns the group's collective costs, measured with a bucket of the model's size."""
     join_group(group, group_store)
     learner.attach_sync(make_sync(cfg.sync.mode, group.world_size, cfg.sync.every, cfg.sync.average_optimizer))
     version = torch.tensor([float(learner.version)])
     broadcast_from_first([*learner.algo.parameters(), *learner.algo.optimizer_moments(), version])
     learner.version = int(version.item())
     learner.sync.started(learner.algo.parameters())
+    parameters = list(learner.algo.parameters())
+    costs = measure_group(sum(p.numel() for p in parameters), parameters[0].device)
+    log.info("learner%d: group of %d, all_reduce latency %.0f us, %.1f MB/s for a %.0f kB bucket", group.rank,
+             group.world_size, costs["allreduce_latency_s"] * 1e6, costs["allreduce_bytes_per_s"] / 1e6,
+             costs["allreduce_bucket_bytes"] / 1e3)
+    return costs
