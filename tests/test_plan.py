@@ -176,3 +176,28 @@ def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
     slower = dataclasses.replace(measured, sync_bytes_per_s=measured.sync_bytes_per_s / 100)
     assert plan.group_learner_rate(slower, 4, "allreduce") < plan.group_learner_rate(measured, 4, "allreduce")
     assert "learner group (measured" in plan.format_table(measured, [], cores=8)
+
+
+def cluster_calibration():
+    rates = {k: 2_000.0 * k for k in (4, 8, 16, 32, 64, 128)}
+    return Calibration(rates, learner_rate=30_000.0, steps_per_update=2048, fragment_steps=512, seconds=0.0,
+                       optimizer_steps_per_update=16, parameters=1_000_000, sync_latency_s=100e-6,
+                       sync_bytes_per_s=1e9, sync_measured=True)
+
+
+def test_the_cluster_what_if_runs_a_layout_per_node_and_prices_the_link():
+    cal, cfg = cluster_calibration(), config(bound=100)
+    one = plan.predict_cluster(cal, cfg, 1, 40, link_bytes_per_s=1.25e9, link_latency_s=50e-6)
+    eight = plan.predict_cluster(cal, cfg, 8, 40, link_bytes_per_s=1.25e9, link_latency_s=50e-6)
+    assert one.group == one.per_node.learners and eight.group == 8 * eight.per_node.learners
+    assert one.env_steps_per_s < eight.env_steps_per_s <= 8 * one.env_steps_per_s
+    # a slow link makes every allreduce step expensive: fewer env steps/s than over a fast one
+    slow = plan.predict_cluster(cal, cfg, 8, 40, link_bytes_per_s=1.25e7, link_latency_s=50e-6)
+    assert slow.env_steps_per_s < eight.env_steps_per_s
+    # parameter averages overlap training: the link does not slow the learners
+    average = config(bound=100)
+    average = average.model_copy(update={"sync": average.sync.model_copy(update={"mode": "average"})})
+    assert plan.predict_cluster(cal, average, 8, 40, 1.25e7, 50e-6).env_steps_per_s == pytest.approx(
+        8 * plan.predict_cluster(cal, average, 1, 40, 1.25e7, 50e-6).env_steps_per_s)
+    table = plan.format_cluster(cal, [one, eight], 1.25e9, 50e-6, "allreduce")
+    assert "10 Gbit/s" in table and "measured" in table and table.count("\n") == 3

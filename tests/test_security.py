@@ -54,7 +54,7 @@ def secured_learner(tiny_config, tmp_path):
     ctx = zmq.Context()
     events = socket(ctx, zmq.PULL, endpoints.events, bind=True, keys=keys)
     control = socket(ctx, zmq.PUB, endpoints.control, bind=True, keys=keys)
-    process = multiprocessing.get_context("fork").Process(target=tcp_learner, args=(run, endpoints, "sec"))
+    process = multiprocessing.get_context("spawn").Process(target=tcp_learner, args=(run, endpoints, "sec"))
     process.start()
     yield cfg, endpoints, ctx, events
     for _ in range(50):

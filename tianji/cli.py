@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="override one config field (repeatable)")
     plan.add_argument("--cores", type=int, default=None, help="plan for a machine with this many cores "
                       "(default: the cores available here)")
+    plan.add_argument("--nodes", type=int, default=None, help="what-if: predict clusters of 1, 2, 4, ... up to this "
+                      "many machines like this one (rates measured here), learners in one group across them")
+    plan.add_argument("--cores-per-node", type=int, default=None, help="what-if: cores of each machine "
+                      "(default: --cores, or the cores here)")
+    plan.add_argument("--link-gbit", type=float, default=10.0, help="what-if: network between machines, Gbit/s")
+    plan.add_argument("--link-latency-us", type=float, default=50.0, help="what-if: one message's latency between "
+                      "machines, microseconds")
 
     plot = sub.add_parser("plot", help="learning curves: one run into RUN_DIR/curve.png, several runs overlaid in "
                           "one picture (needs matplotlib)")
@@ -82,6 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
     cores = args.cores or available_cores()
     if cores < 1:
         raise ConfigError("--cores: expected a positive number of cores")
+    if args.nodes is not None:
+        return _plan_cluster(args, cfg, args.cores_per_node or cores)
     space = layout_space(cfg, cores, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, then one learner",
           flush=True)
@@ -101,6 +110,30 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"chosen: --set topology.learners={chosen.learners} --set topology.actors={chosen.actors} "
           f"--set topology.envs_per_actor={chosen.envs_per_actor} --set topology.fragment_length={chosen.fragment_length}"
           "   (or topology.learners/actors: auto in the config)")
+    return 0
+
+
+def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
+    from dataclasses import replace
+
+    from tianji.config import ConfigError
+    from tianji.tools.plan import calibrate, format_cluster, layout_space, measure_local_group, predict_cluster
+
+    if args.nodes < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0:
+        raise ConfigError("--nodes, --cores-per-node and --link-gbit: expected positive numbers "
+                          "(--link-latency-us: zero or more)")
+    space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
+    print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, one learner, "
+          "a learner group of two", flush=True)
+    cal = calibrate(cfg, space)
+    if not cal.sync_measured:
+        costs = measure_local_group(cal.parameters)
+        cal = replace(cal, sync_latency_s=costs["allreduce_latency_s"] / 2,
+                      sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
+    link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
+    sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < args.nodes} | {args.nodes})
+    predictions = [predict_cluster(cal, cfg, n, cores_per_node, link_bytes, link_latency) for n in sizes]
+    print(format_cluster(cal, predictions, link_bytes, link_latency, cfg.sync.mode))
     return 0
 
 

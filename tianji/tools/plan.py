@@ -26,8 +26,9 @@ import math
 import multiprocessing
 import os
 import platform
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 6
     """A learner group's collective costs on this machine: `learners` processes form a gloo group
     over loopback and run the probe every learner group runs at start (`measure_group`), with a
     bucket of the model's size."""
-    ctx = multiprocessing.get_context("fork")  # torch runs one thread here (calibrate): safe to fork
+    ctx = _process_context()
     results, sender = ctx.Pipe(duplex=False)
     port = free_loopback_port()
     ranks = [ctx.Process(target=_probe_rank, args=(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s),
@@ -242,9 +243,11 @@ def group_learner_rate(cal: Calibration, learners: int, mode: str) -> float:
 # ---------------------------------------------------------------- prediction
 
 
-def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Layout]:
+def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1) -> list[Layout]:
     """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, each
-    learner consumes `cal.learner_rate` on its own core, and all share the machine's cores."""
+    learner consumes `cal.learner_rate` on its own core, and all share the machine's cores. With
+    `replicas` machines running the same layout, the learners of all of them form one group (the
+    collective's ring is `replicas` times longer; pass `cal` with the link's costs)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
     bound = cfg.balance.max_policy_lag
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
@@ -252,7 +255,7 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Lay
     for k in space.envs:
         rate = cal.actor_rates[k]
         for learners in space.learners:
-            learner_rate = group_learner_rate(cal, learners, cfg.sync.mode)
+            learner_rate = group_learner_rate(cal, learners * replicas, cfg.sync.mode)
             for a in (a for a in space.actors if a >= learners):
                 per_learner = math.ceil(a / learners)
                 cpu_bound = cores / (1.0 / rate + 1.0 / learner_rate)
@@ -268,6 +271,47 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int) -> list[Lay
                                       min(lag, bound) if cfg.balance.backpressure else lag, idle, held_back,
                                       learners))
     return layouts
+
+
+@dataclass(frozen=True)
+class ClusterPrediction:
+    nodes: int
+    cores_per_node: int
+    per_node: Layout  # every node runs this layout; its learners join one group across the nodes
+    env_steps_per_s: float  # the whole cluster
+    group: int  # learners in the group
+
+
+def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: int, link_bytes_per_s: float,
+                    link_latency_s: float) -> ClusterPrediction:
+    """What-if for `nodes` machines of `cores_per_node` cores like this one: every node runs the layout
+    the planner would choose for its cores, actors feeding the learners of their own node (shared
+    memory), and all learners form one group whose collectives cross the link (its bandwidth caps
+    the bus bandwidth measured here; its latency adds to a message's). Under sync.mode average the
+    collectives overlap training, so nodes add throughput until something else binds."""
+    space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
+    if nodes > 1:
+        cal = replace(cal, sync_latency_s=cal.sync_latency_s + link_latency_s,
+                      sync_bytes_per_s=min(cal.sync_bytes_per_s, link_bytes_per_s))
+    chosen = choose(predict(cal, cfg, space, cores_per_node, replicas=nodes), space.preferred_envs, cores_per_node)
+    return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, nodes * chosen.learners)
+
+
+def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_bytes_per_s: float,
+                   link_latency_s: float, mode: str) -> str:
+    """The what-if table: per cluster size, the layout on every node, the group, the predicted rate."""
+    base = predictions[0].env_steps_per_s / predictions[0].nodes
+    lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here; "
+             f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
+             f"{'measured' if cal.sync_measured else 'assumed'} on this machine: "
+             f"{2 * cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
+             f"  {'nodes':>5} {'group':>5} {'per node: learners x actors x envs':>36} {'pred env steps/s':>17} "
+             f"{'speed-up':>8} {'learner util':>12}"]
+    for p in predictions:
+        n = p.per_node
+        lines.append(f"  {p.nodes:>5} {p.group:>5} {f'{n.learners} x {n.actors} x {n.envs_per_actor}':>36} "
+                     f"{p.env_steps_per_s:>17,.0f} {p.env_steps_per_s / base:>7.2f}x {n.learner_utilization:>11.0%}")
+    return "\n".join(lines)
 
 
 def predicted_max_lag(actors: int, versions_per_fragment: float, max_inflight: int, actors_wait: bool) -> float:
@@ -403,9 +447,17 @@ def _calibrate_child(cfg_json: str, space: Space, conn, parent_pid: int) -> None
         conn.close()
 
 
+def _process_context() -> Any:
+    """fork (fast: nothing to import again), except from a process connected to Ray (a driver under
+    --launcher ray): Ray's threads may hold a lock a forked child inherits and hangs on; spawn then."""
+    ray = sys.modules.get("ray")
+    connected = ray is not None and getattr(ray, "is_initialized", lambda: False)()
+    return multiprocessing.get_context("spawn" if connected else "fork")
+
+
 def _calibrate_in_child(cfg: Config, space: Space) -> Calibration:
     # in a child so the caller (a driver about to fork roles) never starts torch thread pools itself
-    ctx = multiprocessing.get_context("fork")
+    ctx = _process_context()
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child,
                                                                os.getpid()))

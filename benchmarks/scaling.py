@@ -1,0 +1,168 @@
+"""Scaling evidence: the planner's model checked against real runs on this machine, then its
+predictions for clusters of machines like this one.
+
+    python benchmarks/scaling.py [--presets cartpole-ppo pong-ppo] [--seconds 20] [--nodes 16]
+                                 [--cores-per-node 40] [--link-gbit 10] [--out benchmarks/results]
+
+For each preset:
+1. calibrate as the planner does (one actor per envs-per-actor value, one learner, a learner group
+   of two on this machine: `tianji.tools.plan`);
+2. run every layout that fits this machine (learners x actors: 1 x 1, 1 x 2, 2 x 2) for --seconds as
+   an ordinary `tianji train` and measure its env steps/s over the steady part (metrics.csv from its
+   second row to its next-to-last), the learners' busy fraction and the largest policy lag;
+3. put the model's prediction for the same layout next to it, with the error;
+4. predict 1, 2, 4, ... --nodes machines of --cores-per-node cores joined by --link-gbit.
+Writes scaling.json, scaling.md and scaling.png (matplotlib) into --out. Measured numbers come from
+runs here; everything for more than this machine is predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from tianji.config import load_config
+from tianji.tools import plan
+
+LAYOUTS = ((1, 1), (1, 2), (2, 2))  # (learners, actors) that fit 2 cores
+
+
+def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Path) -> dict:
+    """A real run of this layout, no target: steady env steps/s, learner busy fraction, policy lag."""
+    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
+               "--set", f"topology.learners={learners}", "--set", f"topology.actors={actors}",
+               "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={seconds}",
+               "--set", "logging.console=false"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    steady = rows[1:-1] if len(rows) > 3 else rows
+    first, last = steady[0], steady[-1]
+    rate = (float(last["env_steps"]) - float(first["env_steps"])) / (float(last["time_s"]) - float(first["time_s"]))
+    busy = [float(r["perf/learner_busy"]) for r in steady if r.get("perf/learner_busy") not in ("", "nan", None)]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"env_steps_per_s": rate, "learner_busy": sum(busy) / max(1, len(busy)),
+            "policy_lag_max": summary["policy_lag_max"], "policy_lag_mean": summary["policy_lag_mean"]}
+
+
+def predicted(cal: plan.Calibration, cfg, learners: int, actors: int, cores: int) -> dict:
+    envs = cfg.topology.envs_per_actor
+    space = plan.Space(envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs,
+                       learners=(learners,))
+    layout = next(c for c in plan.predict(cal, cfg, space, cores) if (c.learners, c.actors) == (learners, actors))
+    return {"env_steps_per_s": layout.env_steps_per_s, "learner_busy": layout.learner_utilization,
+            "policy_lag_max": layout.max_lag}
+
+
+def calibrated(preset: str, cores_per_node: int) -> tuple[object, plan.Calibration]:
+    cfg = load_config(preset, [])
+    space = plan.layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
+    cal = plan.calibrate(cfg, replace(space, envs=sorted({*space.envs, cfg.topology.envs_per_actor})))
+    if not cal.sync_measured:
+        costs = plan.measure_local_group(cal.parameters)
+        cal = replace(cal, sync_latency_s=costs["allreduce_latency_s"] / 2,
+                      sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
+    return cfg, cal
+
+
+def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:
+    cores = plan.available_cores()
+    cfg, cal = calibrated(preset, args.cores_per_node)
+    rows = []
+    for learners, actors in LAYOUTS:
+        got = measure(preset, learners, actors, args.seconds, tmp / f"{preset}-{learners}x{actors}")
+        want = predicted(cal, cfg, learners, actors, cores)
+        rows.append({"learners": learners, "actors": actors, "measured": got, "predicted": want,
+                     "error": want["env_steps_per_s"] / got["env_steps_per_s"] - 1})
+        print(f"{preset} {learners} x {actors}: measured {got['env_steps_per_s']:,.0f} env steps/s, predicted "
+              f"{want['env_steps_per_s']:,.0f} ({rows[-1]['error']:+.0%})", flush=True)
+    link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
+    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.nodes]
+    cluster = {mode: [asdict(plan.predict_cluster(cal, cfg.model_copy(update={"sync": cfg.sync.model_copy(
+        update={"mode": mode})}), n, args.cores_per_node, link_bytes, link_latency)) for n in sizes]
+        for mode in ("allreduce", "average")}
+    for mode, predictions in cluster.items():
+        print(f"{preset} predicted, {mode}: " + ", ".join(
+            f"{p['nodes']} nodes {p['env_steps_per_s']:,.0f}" for p in predictions), flush=True)
+    return {"preset": preset, "cores_here": cores, "calibration": asdict(cal), "layouts": rows, "cluster": cluster}
+
+
+def markdown(results: list[dict], args: argparse.Namespace) -> str:
+    out = [f"# Scaling: measured here ({results[0]['cores_here']} cores) vs the planner's model, and predicted "
+           f"clusters of {args.cores_per_node}-core nodes ({args.link_gbit:g} Gbit/s link)", ""]
+    out += ["## Measured vs predicted on this machine (env steps/s; learner busy; max policy lag)", "",
+            "| preset | learners x actors | measured | predicted | error | learner busy meas./pred. | max lag meas./pred. |",
+            "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for row in r["layouts"]:
+            m, p = row["measured"], row["predicted"]
+            out.append(f"| {r['preset']} | {row['learners']} x {row['actors']} | {m['env_steps_per_s']:,.0f} | "
+                       f"{p['env_steps_per_s']:,.0f} | {row['error']:+.0%} | {m['learner_busy']:.0%} / "
+                       f"{p['learner_busy']:.0%} | {m['policy_lag_max']} / {p['policy_lag_max']:.1f} |")
+    out += ["", "## Predicted (not measured): env steps/s for N nodes, every node running the chosen layout", "",
+            "| preset | sync | " + " | ".join(f"{p['nodes']} nodes" for p in results[0]["cluster"]["allreduce"])
+            + " | per node (learners x actors x envs) |",
+            "|---|---|" + "---|" * (len(results[0]["cluster"]["allreduce"]) + 1)]
+    for r in results:
+        for mode, predictions in r["cluster"].items():
+            layout = predictions[-1]["per_node"]
+            out.append(f"| {r['preset']} | {mode} | " + " | ".join(f"{p['env_steps_per_s']:,.0f}" for p in predictions)
+                       + f" | {layout['learners']} x {layout['actors']} x {layout['envs_per_actor']} |")
+    return "\n".join(out) + "\n"
+
+
+def picture(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        for mode, style in (("allreduce", "-o"), ("average", "--s")):
+            predictions = r["cluster"][mode]
+            ax.plot([p["nodes"] for p in predictions], [p["env_steps_per_s"] for p in predictions], style,
+                    label=f"{r['preset']} {mode} (predicted)")
+        best = max(r["layouts"], key=lambda row: row["measured"]["env_steps_per_s"])
+        here = r["cores_here"] / r["cluster"]["allreduce"][0]["cores_per_node"]  # this machine, as a fraction of a node
+        ax.scatter([here], [best["measured"]["env_steps_per_s"]], marker="*", s=140, zorder=5,
+                   label=f"{r['preset']} measured here ({r['cores_here']} cores)")
+        ax.scatter([here], [best["predicted"]["env_steps_per_s"]], marker="o", facecolors="none", edgecolors="k",
+                   s=70, zorder=5, label=f"{r['preset']} predicted here")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("env steps/s")
+    ax.set_title("TianJi throughput: measured on this machine, predicted for clusters")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "pong-ppo"])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--cores-per-node", type=int, default=40, help="the paper's nodes have 40 cores")
+    parser.add_argument("--link-gbit", type=float, default=10.0)
+    parser.add_argument("--link-latency-us", type=float, default=50.0)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [study(preset, args, Path(tmp)) for preset in args.presets]
+    (out / "scaling.json").write_text(json.dumps(results, indent=2))
+    (out / "scaling.md").write_text(markdown(results, args))
+    picture(results, out / "scaling.png")
+    print(markdown(results, args))
+
+
+if __name__ == "__main__":
+    main()
