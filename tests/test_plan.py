@@ -201,3 +201,13 @@ def test_the_cluster_what_if_runs_a_layout_per_node_and_prices_the_link():
         8 * plan.predict_cluster(cal, average, 1, 40, 1.25e7, 50e-6).env_steps_per_s)
     table = plan.format_cluster(cal, [one, eight], 1.25e9, 50e-6, "allreduce")
     assert "10 Gbit/s" in table and "measured" in table and table.count("\n") == 3
+
+
+def test_the_cluster_mode_lays_out_a_described_cluster_and_says_why():
+    nodes = [{"CPU": 40.0, "GPU": 0.0}, {"CPU": 40.0}, {"CPU": 8.0}, {"CPU": 1.0}]  # as ray.nodes() lists them
+    layouts, total, why = plan.plan_cluster(cluster_calibration(), config(bound=100), nodes, 1.25e9, 50e-6)
+    assert len(layouts) == 3 and layouts[0] == layouts[1] and layouts[2].learners <= 4  # the 1-CPU node is left out
+    assert total == pytest.approx(sum(layout.env_steps_per_s for layout in layouts))
+    assert "2 node(s) of 40 CPUs" in why and "1 node(s) of 8 CPUs" in why and "1 node(s) with fewer than 2 CPUs" in why
+    with pytest.raises(ValueError, match="2 CPUs"):
+        plan.plan_cluster(cluster_calibration(), config(), [{"CPU": 1.0}], 1.25e9, 50e-6)

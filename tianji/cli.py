@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                       "many machines like this one (rates measured here), learners in one group across them")
     plan.add_argument("--cores-per-node", type=int, default=None, help="what-if: cores of each machine "
                       "(default: --cores, or the cores here)")
+    plan.add_argument("--cluster", action="store_true", help="lay out the whole Ray cluster (ray.address, or the "
+                      "one `ray start` made here): every node's CPUs, the rates measured on this machine")
     plan.add_argument("--link-gbit", type=float, default=10.0, help="what-if: network between machines, Gbit/s")
     plan.add_argument("--link-latency-us", type=float, default=50.0, help="what-if: one message's latency between "
                       "machines, microseconds")
@@ -89,7 +91,7 @@ def _plan(args: argparse.Namespace) -> int:
     cores = args.cores or available_cores()
     if cores < 1:
         raise ConfigError("--cores: expected a positive number of cores")
-    if args.nodes is not None:
+    if args.nodes is not None or args.cluster:
         return _plan_cluster(args, cfg, args.cores_per_node or cores)
     space = layout_space(cfg, cores, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, then one learner",
@@ -119,7 +121,7 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     from tianji.config import ConfigError
     from tianji.tools.plan import calibrate, format_cluster, layout_space, measure_local_group, predict_cluster
 
-    if args.nodes < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0:
+    if (args.nodes or 1) < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0:
         raise ConfigError("--nodes, --cores-per-node and --link-gbit: expected positive numbers "
                           "(--link-latency-us: zero or more)")
     space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
@@ -131,9 +133,26 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
         cal = replace(cal, sync_latency_s=costs["allreduce_latency_s"] / 2,
                       sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
+    if args.cluster:
+        return _plan_ray_cluster(cfg, cal, link_bytes, link_latency)
     sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < args.nodes} | {args.nodes})
     predictions = [predict_cluster(cal, cfg, n, cores_per_node, link_bytes, link_latency) for n in sizes]
     print(format_cluster(cal, predictions, link_bytes, link_latency, cfg.sync.mode))
+    return 0
+
+
+def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float) -> int:
+    from tianji.runtime.launchers.ray import node_resources
+    from tianji.runtime.launchers.ray_boot import boot
+    from tianji.tools.plan import plan_cluster
+
+    booted = boot(cfg.ray.address or "auto")
+    nodes = node_resources(booted.ray)
+    layouts, total, why = plan_cluster(cal, cfg, nodes, link_bytes, link_latency)
+    for index, (node, layout) in enumerate(zip([n for n in nodes if n.get("CPU", 0) >= 2], layouts)):
+        print(f"node {index}: {node.get('CPU', 0):g} CPUs, {node.get('GPU', 0):g} GPUs -> {layout.learners} learner(s) x "
+              f"{layout.actors} actors x {layout.envs_per_actor} envs ({layout.env_steps_per_s:,.0f} env steps/s)")
+    print(why)
     return 0
 
 

@@ -297,6 +297,33 @@ def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: i
     return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, nodes * chosen.learners)
 
 
+def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], link_bytes_per_s: float,
+                 link_latency_s: float) -> tuple[list[Layout], float, str]:
+    """A layout for a described cluster (each alive node's resources, as Ray lists them): every node
+    runs the layout chosen for its own CPUs, actors feeding the learners of their node, and all
+    learners form one group over the link. Returns the layout per node, the predicted env steps/s
+    of the whole cluster, and why."""
+    usable = [n for n in nodes if int(n.get("CPU", 0)) >= 2]  # a node needs a core for a learner and an actor
+    if not usable:
+        raise ValueError(f"no node of the cluster has 2 CPUs for a learner and an actor: {nodes}")
+    by_size = {int(n["CPU"]): [m for m in usable if int(m["CPU"]) == int(n["CPU"])] for n in usable}
+    chosen = {cpus: predict_cluster(cal, cfg, len(usable), cpus, link_bytes_per_s, link_latency_s).per_node
+              for cpus in by_size}
+    layouts = [chosen[int(n["CPU"])] for n in usable]
+    total = sum(layout.env_steps_per_s for layout in layouts)
+    group = sum(layout.learners for layout in layouts)
+    kinds = "; ".join(f"{len(group_nodes)} node(s) of {cpus} CPUs: {chosen[cpus].learners} learner(s) x "
+                      f"{chosen[cpus].actors} actors x {chosen[cpus].envs_per_actor} envs, bounded by "
+                      f"{'the learners' if chosen[cpus].idle_side == 'actors' else 'the actors' if chosen[cpus].idle_side == 'learner' else 'both'}"
+                      for cpus, group_nodes in sorted(by_size.items()))
+    skipped = len(nodes) - len(usable)
+    link = (f"across the link ({link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us)" if len(usable) > 1
+            else "on the node")
+    why = (f"why: {kinds}; {group} learners in one {cfg.sync.mode} group {link}; predicted {total:,.0f} env steps/s"
+           + (f"; {skipped} node(s) with fewer than 2 CPUs left out" if skipped else ""))
+    return layouts, total, why
+
+
 def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_bytes_per_s: float,
                    link_latency_s: float, mode: str) -> str:
     """The what-if table: per cluster size, the layout on every node, the group, the predicted rate."""
