@@ -62,12 +62,7 @@ def predicted(cal: plan.Calibration, cfg, learners: int, actors: int, cores: int
 def calibrated(preset: str, cores_per_node: int) -> tuple[object, plan.Calibration]:
     cfg = load_config(preset, [])
     space = plan.layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
-    cal = plan.calibrate(cfg, replace(space, envs=sorted({*space.envs, cfg.topology.envs_per_actor})))
-    if not cal.sync_measured:
-        costs = plan.measure_local_group(cal.parameters)
-        cal = replace(cal, sync_latency_s=costs["allreduce_latency_s"] / 2,
-                      sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
-    return cfg, cal
+    return cfg, plan.calibrate(cfg, replace(space, envs=sorted({*space.envs, cfg.topology.envs_per_actor})), group=True)
 
 
 def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:

@@ -84,6 +84,14 @@ def test_an_actor_killed_under_ray_is_restarted_and_the_run_reaches_its_target(t
     assert json.loads((run_dir / "roles.json").read_text())["actor0"] != killed["pid"]
 
 
+def assert_group_measured_across_nodes(summary, capsys):
+    costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
+    assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
+    with capsys.disabled():
+        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
+
+
 def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_path, capsys):
     cfg = load_config("cartpole-ppo", [
         f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
@@ -96,11 +104,7 @@ def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_
             print(f"\n  two learners: {name} ran on node {place['node'][:12]}", end="")
     assert places["learner0"]["node"] != places["learner1"]["node"]
     assert all(s["updates"] > 0 for s in summary["learners"].values())
-    costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
-    assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
-    with capsys.disabled():
-        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
-              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
+    assert_group_measured_across_nodes(summary, capsys)
     assert (run_dir / "checkpoints" / "learner-rank1.pt").exists()  # shipped from the other node
 
 
@@ -154,11 +158,7 @@ def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_pa
     places = json.loads((run_dir / "placement.json").read_text())
     assert places["learner0"]["node"] != places["learner1"]["node"]
     assert all(s["updates"] > 0 for s in summary["learners"].values())
-    costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
-    assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
-    with capsys.disabled():
-        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
-              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
+    assert_group_measured_across_nodes(summary, capsys)
 
 
 def test_a_local_ray_instance_runs_the_same_config(tmp_path):

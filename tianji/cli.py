@@ -116,10 +116,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
-    from dataclasses import replace
-
     from tianji.config import ConfigError
-    from tianji.tools.plan import calibrate, format_cluster, layout_space, measure_local_group, predict_cluster
+    from tianji.tools.plan import calibrate, format_cluster, layout_space, predict_cluster
 
     if (args.nodes or 1) < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0:
         raise ConfigError("--nodes, --cores-per-node and --link-gbit: expected positive numbers "
@@ -127,11 +125,7 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, one learner, "
           "a learner group of two", flush=True)
-    cal = calibrate(cfg, space)
-    if not cal.sync_measured:
-        costs = measure_local_group(cal.parameters)
-        cal = replace(cal, sync_latency_s=costs["allreduce_latency_s"] / 2,
-                      sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
+    cal = calibrate(cfg, space, group=True)
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
     if args.cluster:
         return _plan_ray_cluster(cfg, cal, link_bytes, link_latency)

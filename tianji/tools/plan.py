@@ -126,8 +126,10 @@ def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int, learne
 # ---------------------------------------------------------------- measurement
 
 
-def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5) -> Calibration:
-    """Measure one actor per envs-per-actor value and one learner, each on one core, in this process."""
+def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5,
+              group: bool = False) -> Calibration:
+    """Measure one actor per envs-per-actor value and one learner, each on one core, in this process;
+    and a learner group of two when the space plans learners or `group` asks (a cluster what-if)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     rates = {}
@@ -143,7 +145,7 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
                                                                                learner_seconds)
     sync = {}
-    if max(space.learners) > 1:
+    if group or max(space.learners) > 1:
         costs = measure_local_group(parameters)
         sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
                 "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}

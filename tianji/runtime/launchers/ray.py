@@ -274,7 +274,8 @@ class RayRoles:
     def _locate_hosts(self, nodes: list[str]) -> None:
         for node in nodes:
             where = self.ray.get(self.hosts[node].where.remote(), timeout=self.run.cfg.ray.placement_timeout_s)
-            assert where["node"] == node, f"a host meant for node {node[:12]} runs on {where['node'][:12]}"
+            if where["node"] != node:
+                raise RoleError(f"a node host meant for node {node[:12]} runs on {where['node'][:12]}")
             self.host_ip[node] = where["ip"]
         _phase(self.run, "node hosts up")
 

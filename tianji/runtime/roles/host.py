@@ -212,7 +212,8 @@ def zygote_main(path: str, parent_pid: int, preload: list[str]) -> None:
             channel.write(json.dumps({"exits": _reap()}) + "\n")
             continue
         pid = os.fork()
-        if pid == 0:
+        if pid == 0:  # a forked child must not run the zygote's way out (its atexit handlers, the files it
+            # shares with the zygote, the rest of this loop): it ends here, as multiprocessing's children do
             os._exit(_child(request["target"], request["spec"], [connection.fileno()]))
         channel.write(json.dumps({"pid": pid}) + "\n")
 
