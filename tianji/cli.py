@@ -1,4 +1,4 @@
-"""Command line: `tianji train`, `tianji presets`. Imports of the rest of TianJi wait inside the
+"""Command line: `tianji train`, `plan`, `sweep`, `plot`, `eval`, `presets`. Imports of the rest of TianJi wait inside the
 functions, so `train --launcher ray` can start Ray before torch loads (see `_boot_ray_if_asked`)."""
 
 from __future__ import annotations
@@ -69,8 +69,66 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     evaluate.add_argument("--video", metavar="FILE", help="record the first episode as .mp4 or .gif")
 
+    _add_sweep_parser(sub)
     sub.add_parser("presets", help="list the bundled presets")
     return parser
+
+
+def _add_sweep_parser(sub) -> None:
+    sweep = sub.add_parser(
+        "sweep", help="hyperparameter search (Optuna): each trial an ordinary run, pruned on its stop metric",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Search config fields for the best run. The objective is the run's own stop metric: time to "
+        "target (a missed target is penalised), or the final return / evaluation win rate. Trials run as "
+        "`tianji train` processes in SWEEP_DIR/trials/NNNN; the study is stored in SWEEP_DIR/study.journal.",
+        epilog="space: a YAML file mapping config keys to distributions (X.space.yaml beside X.yaml and the "
+        "bundled tianji/presets/spaces/PRESET.yaml are used when no space is given), e.g.\n"
+        "  algo.lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}\n"
+        "  algo.epochs: {type: int, low: 2, high: 8}\n"
+        "  algo.minibatches: {type: categorical, choices: [2, 4, 8]}\n"
+        "or --param KEY=loguniform:LOW:HIGH | uniform:LOW:HIGH[:STEP] | int:LOW:HIGH[:STEP|:log] | "
+        "categorical:A,B,C\n\n"
+        "outputs: sweep.csv, best.yaml (tianji train best.yaml), history.png, importance.png")
+    sweep.add_argument("config", nargs="?", help="preset name or path to a YAML config")
+    sweep.add_argument("--space", help="YAML file of the search space")
+    sweep.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=KIND:ARGS",
+                       help="one searched field, e.g. algo.lr=loguniform:1e-4:3e-3 (repeatable; replaces the "
+                       "space file's entry for that key)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override a config field for every trial (repeatable)")
+    sweep.add_argument("--trials", type=int, default=None, help="trials to finish (default 20; with --resume: the "
+                       "new total)")
+    sweep.add_argument("--max-minutes", type=float, default=None, help="no trial starts after this many minutes "
+                       "(running ones end within their own budget)")
+    sweep.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
+    sweep.add_argument("--objective", choices=["time_to_target", "final_return", "eval_win_rate"],
+                       help="what a trial is worth (default: time_to_target when the config has "
+                       "stop.target_return, else final_return)")
+    sweep.add_argument("--sampler", choices=["tpe", "random"], default="tpe", help="Optuna sampler (default tpe)")
+    sweep.add_argument("--pruner", choices=["median", "halving", "none"], default="median",
+                       help="stop hopeless trials at report points: median (below the median of finished trials "
+                       "there) or halving (asynchronous successive halving); default median")
+    sweep.add_argument("--report-every", default="5s", help="a report point every N seconds of a trial ('5s', the "
+                       "default) or every N env steps ('20000')")
+    sweep.add_argument("--trial-seconds", type=float, help="wall-time budget of each trial (sets "
+                       "stop.max_wall_time_s)")
+    sweep.add_argument("--trial-env-steps", type=int, help="env-step budget of each trial (sets stop.max_env_steps)")
+    sweep.add_argument("--grace-s", type=float, default=30.0, help="seconds a trial gets to stop after SIGINT "
+                       "before it is killed, and past its budget before it counts as hung (default 30)")
+    sweep.add_argument("--silent-s", type=float, default=120.0, help="a trial that writes no metrics row for this "
+                       "long is hung: stopped and recorded FAIL (default 120)")
+    sweep.add_argument("--parallel", type=int, default=1, help="trials at once on this machine, each pinned to its "
+                       "share of the cores with the planner's layout for that share (default 1)")
+    sweep.add_argument("--trial-layout", choices=["plan", "config"], default="plan",
+                       help="with --parallel > 1: plan: the layout `tianji plan --cores SHARE` picks (default); "
+                       "config: the config's topology as it is")
+    sweep.add_argument("--launcher", choices=["local", "inline", "ray"], default="local",
+                       help="how each trial runs; ray: on the Ray cluster at --address, one trial's roles on one "
+                       "node (ray.strategy STRICT_PACK unless the config sets one)")
+    sweep.add_argument("--address", help="with --launcher ray: the Ray cluster ('auto' or HOST:PORT)")
+    sweep.add_argument("--sweep-dir", help="sweep directory (default: sweeps/<name>-<timestamp>)")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue a sweep (interrupted trials run again from "
+                       "their checkpoints); only --trials and --max-minutes change on resume")
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -174,6 +232,48 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from tianji.config import ConfigError, load_config
+    from tianji.tools.sweep.report import format_table, trial_rows
+    from tianji.tools.sweep.space import resolve_space
+    from tianji.tools.sweep.study import Sweep, SweepSettings, create_sweep, load_settings, save_settings
+
+    if args.resume:
+        sweep_dir = Path(args.resume)
+        settings = load_settings(sweep_dir)
+        settings.trials = args.trials or settings.trials
+        settings.max_minutes = args.max_minutes if args.max_minutes is not None else settings.max_minutes
+        save_settings(sweep_dir, settings)
+    else:
+        if not args.config:
+            raise ConfigError("sweep: give a preset name or a YAML path (or --resume SWEEP_DIR)")
+        overrides = list(args.overrides)
+        if args.trial_seconds is not None:
+            overrides.append(f"stop.max_wall_time_s={args.trial_seconds}")
+        if args.trial_env_steps is not None:
+            overrides.append(f"stop.max_env_steps={args.trial_env_steps}")
+        space = resolve_space(args.config, args.space, args.params)
+        settings = SweepSettings(
+            config=args.config, space={p.key: p.to_dict() for p in space}, trials=args.trials or 20,
+            overrides=overrides, objective=args.objective, max_minutes=args.max_minutes, seed=args.seed,
+            sampler=args.sampler, pruner=args.pruner, report_every=args.report_every, grace_s=args.grace_s,
+            silent_s=args.silent_s, parallel=args.parallel, launcher=args.launcher, address=args.address)
+        name = load_config(args.config, overrides).name
+        sweep_dir = Path(args.sweep_dir or f"sweeps/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        create_sweep(settings, sweep_dir, plan_layout=args.trial_layout == "plan")
+        print(f"sweep directory: {sweep_dir}\nobjective: {settings.objective} | space: "
+              + ", ".join(f"{p.key} {p.describe()}" for p in space), flush=True)
+    sweep = Sweep(sweep_dir)
+    outcome = sweep.run()
+    print(format_table(trial_rows(sweep.study, sweep.params, sweep.objective)))
+    best = sweep_dir / "best.yaml"
+    print(f"best config: {best}  (tianji train {best})" if best.exists() else "no trial completed: no best.yaml")
+    if outcome != "done":
+        print(f"sweep {'interrupted' if outcome == 'interrupted' else 'out of time'}; continue it with "
+              f"tianji sweep --resume {sweep_dir}")
+    return 0
+
+
 def _resolve_config(args: argparse.Namespace):
     from tianji.config import ConfigError, apply_overrides, build_config, load_config
 
@@ -251,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             return _eval(args)
         if args.command == "plot":
             return _plot(args)
+        if args.command == "sweep":
+            return _sweep(args)
         return _plan(args) if args.command == "plan" else _train(args)
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -110,9 +110,10 @@ class RayConfig(Section):
     address: str | None = Field(
         None, description="Ray cluster to join with --launcher ray: 'auto' (the cluster `ray start --head` made "
         "on this machine), 'HOST:PORT', or null to start a Ray instance for this run only.")
-    strategy: Literal["PACK", "SPREAD"] = Field(
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Placement group strategy: PACK fills nodes one after another, SPREAD puts roles on "
-        "as many nodes as it can.")
+        "as many nodes as it can; STRICT_PACK keeps every role on one node (a sweep's trials use it), "
+        "STRICT_SPREAD puts each role on a different node.")
     learner_gpus: float = Field(0.0, ge=0, description="GPUs in the learner's bundle (the learner then runs "
                                 "where a GPU is free).")
     learner_resources: dict[str, float] = Field(
