@@ -306,10 +306,6 @@ class Sweep:
             r.last_row, r.last_row_at = rows[-1], time.time()
         for row in rows:
             self.report(r, row)
-        stopping = r.pruned or r.interrupted or r.failure is not None
-        if not stopping and r.reported and r.trial.should_prune():
-            r.pruned = True
-            r.process.interrupt()
         code = r.process.poll()
         if code is not None:
             self.finish(r, code)
@@ -328,16 +324,20 @@ class Sweep:
             r.process.interrupt()
 
     def report(self, r: Running, row: dict[str, Any]) -> None:
-        """Report the objective-so-far at every report point this row has passed."""
+        """Report the objective-so-far at every report point this row has passed, and ask the pruner after
+        each: a trial is judged at the point it reached, however many rows one poll brought."""
         point = row.get(self.unit)
         if point is None:
             return
-        while r.next_point <= float(point):
+        while r.next_point <= float(point) and not r.pruned:  # a pruned trial is judged where it was pruned
             value = self.objective.intermediate(row)
             if value is not None:
                 r.trial.report(value, r.next_point)
                 r.reported = True
             r.next_point += self.every
+            if r.reported and not r.interrupted and r.failure is None and r.trial.should_prune():
+                r.pruned = True
+                r.process.interrupt()
 
     def finish(self, r: Running, code: int) -> None:
         """Record the trial's outcome in the study: COMPLETE, PRUNED or FAIL (with why)."""
