@@ -1,7 +1,7 @@
 """Scaling evidence: the planner's model checked against real runs on this machine, then its
 predictions for clusters of machines like this one.
 
-    python benchmarks/scaling.py [--presets cartpole-ppo pong-ppo] [--seconds 20] [--nodes 16]
+    python benchmarks/scaling.py [--presets cartpole-ppo pong-ppo] [--seconds 12] [--repeats 3] [--nodes 16]
                                  [--cores-per-node 40] [--link-gbit 10] [--out benchmarks/results]
 
 For each preset:
@@ -9,7 +9,9 @@ For each preset:
    of two on this machine: `tianji.tools.plan`);
 2. run every layout that fits this machine (learners x actors: 1 x 1, 1 x 2, 2 x 2) for --seconds as
    an ordinary `tianji train` and measure its env steps/s over the steady part (metrics.csv from its
-   second row to its next-to-last), the learners' busy fraction and the largest policy lag;
+   second row to its next-to-last), the learners' busy fraction and the largest policy lag; each
+   layout --repeats times, in turn (1x1, 1x2, 2x2, 1x1, ...), the median counts (runs on a shared
+   2-core machine vary by 10-25 % from one to the next);
 3. put the model's prediction for the same layout next to it, with the error;
 4. predict 1, 2, 4, ... --nodes machines of --cores-per-node cores joined by --link-gbit.
 Writes scaling.json, scaling.md and scaling.png (matplotlib) into --out. Measured numbers come from
@@ -50,6 +52,12 @@ def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Pa
             "policy_lag_max": summary["policy_lag_max"], "policy_lag_mean": summary["policy_lag_mean"]}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median throughput, with every run's throughput beside it."""
+    ranked = sorted(runs, key=lambda run: run["env_steps_per_s"])
+    return {**ranked[len(ranked) // 2], "runs_env_steps_per_s": [run["env_steps_per_s"] for run in runs]}
+
+
 def predicted(cal: plan.Calibration, cfg, learners: int, actors: int, cores: int) -> dict:
     envs = cfg.topology.envs_per_actor
     space = plan.Space(envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs,
@@ -68,9 +76,14 @@ def calibrated(preset: str, cores_per_node: int) -> tuple[object, plan.Calibrati
 def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:
     cores = plan.available_cores()
     cfg, cal = calibrated(preset, args.cores_per_node)
+    runs = {layout: [] for layout in LAYOUTS}
+    for repeat in range(args.repeats):
+        for learners, actors in LAYOUTS:
+            runs[learners, actors].append(measure(preset, learners, actors, args.seconds,
+                                                  tmp / f"{preset}-{learners}x{actors}-{repeat}"))
     rows = []
     for learners, actors in LAYOUTS:
-        got = measure(preset, learners, actors, args.seconds, tmp / f"{preset}-{learners}x{actors}")
+        got = median_run(runs[learners, actors])
         want = predicted(cal, cfg, learners, actors, cores)
         rows.append({"learners": learners, "actors": actors, "measured": got, "predicted": want,
                      "error": want["env_steps_per_s"] / got["env_steps_per_s"] - 1})
@@ -91,12 +104,14 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     out = [f"# Scaling: measured here ({results[0]['cores_here']} cores) vs the planner's model, and predicted "
            f"clusters of {args.cores_per_node}-core nodes ({args.link_gbit:g} Gbit/s link)", ""]
     out += ["## Measured vs predicted on this machine (env steps/s; learner busy; max policy lag)", "",
-            "| preset | learners x actors | measured | predicted | error | learner busy meas./pred. | max lag meas./pred. |",
-            "|---|---|---|---|---|---|---|"]
+            "| preset | learners x actors | measured (median) | runs | predicted | error | learner busy meas./pred. "
+            "| max lag meas./pred. |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in results:
         for row in r["layouts"]:
             m, p = row["measured"], row["predicted"]
-            out.append(f"| {r['preset']} | {row['learners']} x {row['actors']} | {m['env_steps_per_s']:,.0f} | "
+            runs = ", ".join(f"{rate:,.0f}" for rate in m["runs_env_steps_per_s"])
+            out.append(f"| {r['preset']} | {row['learners']} x {row['actors']} | {m['env_steps_per_s']:,.0f} | {runs} | "
                        f"{p['env_steps_per_s']:,.0f} | {row['error']:+.0%} | {m['learner_busy']:.0%} / "
                        f"{p['learner_busy']:.0%} | {m['policy_lag_max']} / {p['policy_lag_max']:.1f} |")
     out += ["", "## Predicted (not measured): env steps/s for N nodes, every node running the chosen layout", "",
@@ -143,7 +158,8 @@ def picture(results: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "pong-ppo"])
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=12.0, help="length of each measured run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each layout (the median counts)")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--cores-per-node", type=int, default=40, help="the paper's nodes have 40 cores")
     parser.add_argument("--link-gbit", type=float, default=10.0)

@@ -15,7 +15,7 @@ import zmq
 from tianji.config import BalanceConfig, SupervisionConfig
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.roles.loops import actor_main, learner_main
-from tianji.runtime.transport.links import Endpoints
+from tianji.runtime.transport.links import Endpoints, LearnerLink
 from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
@@ -149,6 +149,38 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         if process.is_alive():
             process.kill()
         writer.close()
+
+
+class WeightsSeen:
+    version = -1
+
+    def set_weights(self, version, weights, force=False):
+        self.version = version
+
+
+def test_an_actor_measures_its_link_from_probes_the_learner_echoes(tiny_config, tmp_path, wiring):
+    """What an actor on another machine does before its first fragment: empty and 256 kB probes,
+    echoed by the learner at once; the weights that answer its hello meanwhile are taken as usual."""
+    token, endpoints, ctx = wiring
+    cfg = quiet_driver_config(tiny_config())
+    run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
+    events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
+    process = start(learner_main, run, endpoints, token, os.getpid())
+    try:
+        learner = LearnerLink(ctx, endpoints, "actor0", {"kind": "hello", "actor": 0, "slots": 2})
+        taker = WeightsSeen()
+        costs = learner.measure(taker, payload_bytes=256 * 1024, timeout_s=20)
+        assert costs is not None and costs["link_probe_bytes"] == 256 * 1024
+        assert 0 < costs["link_latency_s"] < 1 and costs["link_bytes_per_s"] > 1e6
+        assert taker.version == 0 and learner.has_weights  # the hello's reply, taken during the probes
+        learner.link.send(pack_header({"kind": "probe"}))  # malformed: no sequence number
+        seen = 0
+        while not seen:
+            assert events.poll(20_000), "learner events stopped"
+            seen = unpack_header(events.recv()).get("bad_messages", 0)
+        assert process.is_alive()
+    finally:
+        stop_role(process, control)
 
 
 def test_learner_ignores_notices_of_an_earlier_incarnation(tiny_config, tmp_path, wiring):

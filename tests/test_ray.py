@@ -122,6 +122,8 @@ def test_atari_fragments_cross_nodes_as_uint8_frames(two_nodes, tmp_path):
     assert summary["fragments_over_network"] == summary["fragments_trained"] >= 8, summary
     places = json.loads((run_dir / "placement.json").read_text())
     assert places["actor0"]["node"] != places["learner0"]["node"]
+    link = summary["measured_costs"]["actor0"]  # its TCP link to the learner, probed before the first fragment
+    assert link["link_bytes_per_s"] > 0 and 0 < link["link_latency_s"] < 1, summary["measured_costs"]
 
 
 def test_a_multiagent_pettingzoo_run_under_ray(two_nodes, tmp_path):

@@ -8,6 +8,12 @@ The model: an actor on one core produces P(k) env steps/s with k envs; a learner
 consumes C env steps/s (its samples per update divided by the replay ratio, over the update time).
 With A actors on c cores the throughput X is bounded by the actors (X <= A * P), by the learner
 (X <= C) and by the CPU (X * (1/P + 1/C) <= c). The side with the lower utilisation idles.
+Cores are not independent: with every core busy each runs at a measured fraction of a lone core's
+speed (`Calibration.core_efficiency`), and the model slows every process by the share of the cores
+its layout keeps busy. With more processes than cores they also wait for each other (`core_share`):
+a process that wants to run while k others do gets c / (k + 1) of a core, each other process
+wanting one as often as it is busy; and a learner group's collective message that wakes a learner
+while every core is taken waits about a scheduler time slice.
 Changing envs per actor keeps the fragment size (envs x steps) as configured, so the batch an
 algorithm trains on does not change with the layout.
 
@@ -32,6 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tianji.config import Config, build_config
@@ -48,6 +55,7 @@ SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners, un
 SYNC_BANDWIDTH = 1e9  # bytes/s between learners, until measured
 TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
 HEADROOM = 0.25  # preferred slack on the side that idles
+SCHEDULER_SLICE_S = 3e-3  # a woken process that finds every core taken waits about this long (Linux's slice)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ class Calibration:
     sync_latency_s: float = SYNC_LATENCY_S  # one message: half an all_reduce of one number between two
     sync_bytes_per_s: float = SYNC_BANDWIDTH  # bus bandwidth of an all_reduce of the model's gradients
     sync_measured: bool = False
+    # every core busy at once runs each at this fraction of a lone core's speed (shared caches, memory,
+    # SMT siblings): the learner's update loop on all cores at once vs alone; 1.0 until measured
+    core_efficiency: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -144,13 +155,44 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
     learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
                                                                                learner_seconds)
+    efficiency = measure_core_efficiency(layout, learner_rate, available_cores(), build_actor, build_learner)
     sync = {}
     if group or max(space.learners) > 1:
         costs = measure_local_group(parameters)
         sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
                 "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
     return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started,
-                       gradient_steps, parameters, **sync)
+                       gradient_steps, parameters, core_efficiency=efficiency, **sync)
+
+
+def measure_core_efficiency(layout: Config, lone_rate: float, cores: int, build_actor, build_learner,
+                            seconds: float = 1.5) -> float:
+    """How fast each core runs while all are busy, as a fraction of one core alone: `cores` copies of
+    the learner's update loop start together (after their warm-up) and time the same window."""
+    if cores < 2:
+        return 1.0
+    ctx = _process_context()
+    results = ctx.Queue()
+    start = ctx.Barrier(cores)
+    copies = [ctx.Process(target=_busy_core, args=(layout, seconds, start, results, os.getpid(), build_actor,
+                                                   build_learner)) for _ in range(cores)]
+    for process in copies:
+        process.start()
+    try:
+        rates = [results.get(timeout=60) for _ in copies]
+    finally:
+        for process in copies:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+    return min(1.0, sum(rates) / len(rates) / lone_rate)
+
+
+def _busy_core(layout: Config, seconds: float, start: Any, results: Any, parent_pid: int, build_actor,
+               build_learner) -> None:
+    die_with_parent(parent_pid)
+    torch.set_num_threads(1)
+    results.put(_learner_rate(layout, build_actor, build_learner, seconds, start)[0])
 
 
 def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 60.0) -> dict[str, float]:
@@ -195,9 +237,11 @@ class _CountingHook:
         self.calls += 1
 
 
-def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) -> tuple[float, float, float, int]:
+def _learner_rate(layout: Config, build_actor, build_learner, seconds: float,
+                  start: Any = None) -> tuple[float, float, float, int]:
     """Env steps/s one learner consumes, fed as fast as its balance rules allow; env steps, optimizer
-    steps per update, and the number of trained parameters."""
+    steps per update, and the number of trained parameters. `start`: a barrier to time from, after
+    the warm-up (several copies timing the same window)."""
     actor = build_actor(layout, 0)
     fragments = [actor.collect() for _ in range(4)]
     actor.envs.close()
@@ -220,6 +264,8 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) ->
         if time.perf_counter() > deadline:
             raise RuntimeError("the learner did not become ready within 30 s of calibration data")
         feed_or_train()
+    if start is not None:
+        start.wait(60)
     fed_before, updates_before, t0 = fed, learner.updates, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         feed_or_train()
@@ -229,17 +275,73 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float) ->
     return steps / (time.perf_counter() - t0), steps / updates, hook.calls / max(1, learner.updates), parameters
 
 
-def group_learner_rate(cal: Calibration, learners: int, mode: str) -> float:
+def group_learner_rate(cal: Calibration, learners: int, mode: str, core_speed: float = 1.0,
+                       all_cores_taken: float = 0.0) -> float:
     """Env steps/s one learner of a group consumes. allreduce adds a ring all-reduce to every
     optimizer step: 2 (L - 1) messages of latency and 2 (L - 1) / L of the gradient bytes at the
     group's bus bandwidth (both measured by a group of two on this machine when learners are planned,
-    see `measure_local_group`); asynchronous averages overlap training."""
+    see `measure_local_group`); asynchronous averages overlap training. On a shared machine the
+    learner computes at `core_speed` of a core, and each message that wakes it finds every core
+    taken with probability `all_cores_taken` and then waits a time slice (see `core_share`)."""
+    update_s = cal.steps_per_update / cal.learner_rate / core_speed
     if learners == 1 or mode != "allreduce":
-        return cal.learner_rate
-    update_s = cal.steps_per_update / cal.learner_rate
-    per_step = (2 * (learners - 1) * cal.sync_latency_s
+        return cal.steps_per_update / update_s
+    messages = 2 * (learners - 1)
+    per_step = (messages * (cal.sync_latency_s + all_cores_taken * SCHEDULER_SLICE_S)
                 + 2 * (learners - 1) / learners * 4 * cal.parameters / cal.sync_bytes_per_s)
     return cal.steps_per_update / (update_s + cal.optimizer_steps_per_update * per_step)
+
+
+def core_share(others: list[tuple[int, float]], cores: int) -> tuple[float, float]:
+    """A process's speed while it runs (the fraction of a core it gets, expected over how many of the
+    others want a core at the same moment: a process that competes with k others gets cores / (k + 1))
+    and the probability that the others take every core when it wakes. `others`: (processes, busy
+    probability) per kind, each process wanting a core independently."""
+    wanting = np.ones(1)  # wanting[k]: probability that exactly k others want a core
+    for count, busy in others:
+        k = np.arange(count + 1)
+        pmf = np.array([math.comb(count, i) for i in k], dtype=float) * busy ** k * (1 - busy) ** (count - k)
+        wanting = np.convolve(wanting, pmf)
+    k = np.arange(len(wanting))
+    return float(wanting @ np.minimum(1.0, cores / (k + 1))), float(wanting[k >= cores].sum())
+
+
+def efficiency_at(core_efficiency: float, cores_in_use: float, cores: int) -> float:
+    """Speed of each busy core as a fraction of a lone core's: 1 with one core in use, the measured
+    `core_efficiency` with all of them, in between linearly."""
+    if cores < 2 or cores_in_use <= 1:
+        return 1.0
+    return 1.0 - (1.0 - core_efficiency) * min(1.0, (cores_in_use - 1) / (cores - 1))
+
+
+def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producing: float, learners: int,
+                      group: int, mode: str, cores: int) -> tuple[float, float]:
+    """Env steps/s of `actors` actors and `learners` learners sharing `cores` cores (the learners are
+    part of a group of `group`), and the learners' consumption rate with every one on a core of its
+    own (for utilisation). Starts from the plain bounds (actors, learners, CPU) and lets the processes'
+    busy fractions, their shares of the cores (`core_share`) and the cores' speed (`efficiency_at`)
+    settle."""
+    alone = group_learner_rate(cal, group, mode)
+    cpu_bound = cores / (1.0 / actor_rate + 1.0 / alone)
+    x = min(producing * actor_rate, learners * alone, cpu_bound)
+    compute_s = cal.steps_per_update / cal.learner_rate  # a learner's update on a lone core
+    crowded = actors + learners > cores
+    actor_busy, learner_busy = min(1.0, x / (actors * actor_rate)), 1.0
+    for _ in range(20):  # damped fixed point: busy fractions -> shares and speed -> throughput -> busy fractions
+        actor_speed, learner_speed, taken = 1.0, 1.0, 0.0
+        if crowded:
+            actor_speed, _ = core_share([(actors - 1, actor_busy), (learners, learner_busy)], cores)
+            learner_speed, taken = core_share([(actors, actor_busy), (learners - 1, learner_busy)], cores)
+        in_use = min(cores, actors * actor_busy * actor_speed + learners * learner_busy * learner_speed)
+        speed = efficiency_at(cal.core_efficiency, in_use, cores)
+        learner_rate = group_learner_rate(cal, group, mode, learner_speed * speed, taken)
+        bound = min(producing * actor_rate * actor_speed * speed, learners * learner_rate, speed * cpu_bound)
+        x = (x + bound) / 2
+        actor_busy = min(1.0, x / (actors * actor_rate * actor_speed * speed))
+        # a learner waiting for its group's message does not want a core
+        update_s = cal.steps_per_update / learner_rate
+        learner_busy = min(1.0, x / (learners * learner_rate)) * compute_s / (learner_speed * speed) / update_s
+    return x, alone
 
 
 # ---------------------------------------------------------------- prediction
@@ -257,12 +359,11 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: i
     for k in space.envs:
         rate = cal.actor_rates[k]
         for learners in space.learners:
-            learner_rate = group_learner_rate(cal, learners * replicas, cfg.sync.mode)
             for a in (a for a in space.actors if a >= learners):
                 per_learner = math.ceil(a / learners)
-                cpu_bound = cores / (1.0 / rate + 1.0 / learner_rate)
                 producing = min(a, learners * limit)  # lag-aware credits: at most `limit` in flight per learner
-                x = min(producing * rate, learners * learner_rate, cpu_bound)
+                x, learner_rate = shared_throughput(cal, rate, a, producing, learners, learners * replicas,
+                                                    cfg.sync.mode, cores)
                 actor_util, learner_util = x / (a * rate), x / (learners * learner_rate)
                 actors_wait = actor_util < learner_util
                 lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)

@@ -122,6 +122,8 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
     sender = SlotSender(role_pool(token, name, os.getpid()), slots_count) if same_machine else FrameSender()
+    if not same_machine:
+        _report_link(name, learner.measure(actor), events)
     idle = zmq.Poller()  # waiting for a credit: wake for the learner and the driver, not for every publish
     for sock in (learner.link, driver.sock):
         idle.register(sock, zmq.POLLIN)
@@ -162,6 +164,16 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
         events.send(pack_header(reporter.event()))
         sender.close()
         actor.envs.close()
+
+
+def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket) -> None:
+    """Log a TCP link's measured latency and rate and tell the driver (summary: measured_costs)."""
+    if costs is None:
+        log.warning("%s: the learner did not echo the link probe in time; link not measured", name)
+        return
+    log.info("%s: link to its learner: %.0f us, %.0f MB/s (a %.1f MB probe)", name, costs["link_latency_s"] * 1e6,
+             costs["link_bytes_per_s"] / 1e6, costs["link_probe_bytes"] / 1e6)
+    events.send(pack_header(measured(name, costs)))
 
 
 # ---------------------------------------------------------------- evaluator
@@ -271,6 +283,10 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         header = unpack_header(frames[0])
         if header["kind"] == "hello":
             router.send_multipart([identity, *weights_message(*service.hello(identity, header))])
+        elif header["kind"] == "probe":  # an actor on another machine times its link: echo at once
+            if not isinstance(header.get("n"), int):
+                raise WireError("probe without an int 'n'")
+            router.send_multipart([identity, pack_header({"kind": "probe", "n": header["n"]})])
         elif header["kind"] == "fragment":
             if not service.notice(identity, header):
                 return

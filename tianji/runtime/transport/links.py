@@ -2,13 +2,15 @@
 
     actor/evaluator --DEALER--> learner ROUTER   hello {actor, slots}; fragment notices {slot, epoch, ...}
     actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello); credit {slot, min_version, epoch}
+    actor          <-DEALER-> learner ROUTER   probe {n} + payload, echoed at once as probe {n} (a TCP link's rate)
     actor/evaluator <--SUB----- learner PUB      weights {version, epoch}, newest wins
     every role      --PUSH----> driver PULL      metric deltas (also heartbeats), checkpoint notices, errors
     every role      <--SUB----- driver PUB       stop, heartbeat, learner_restarted {epoch}
 
-A learner's `epoch` is its incarnation: the driver restarts a dead learner with the next
+Sample data travels in frames only to a learner on another machine; there an actor first measures
+its link (`LearnerLink.measure`). A learner's `epoch` is its incarnation: the driver restarts a dead learner with the next
 epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
-Sample data never travels here: notices name shared-memory slots (see tianji.runtime.transport.shm).
+On one machine notices name shared-memory slots instead (see tianji.runtime.transport.shm).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import re
 import secrets
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -28,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import zmq
 
 from tianji.runtime.transport.security import CurveKeys, join, serve
@@ -38,6 +42,7 @@ log = logging.getLogger("tianji")
 
 HEARTBEAT_INTERVAL_S = 0.5  # the driver's heartbeat on the control socket
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+PROBE_BYTES = 1 << 20  # a link probe's payload: enough that its transfer, not the latency, sets its time
 
 
 @dataclass(frozen=True)
@@ -310,18 +315,58 @@ class LearnerLink:
     def receive(self, taker: WeightsTaker) -> None:
         while self.link.poll(0):
             message = self._checked(self.link.recv_multipart(copy=False))
+            if message is not None:
+                self._take(*message, taker)
+
+    def measure(self, taker: WeightsTaker, payload_bytes: int = PROBE_BYTES, repeats: int = 3,
+                timeout_s: float = 5.0) -> dict[str, float] | None:
+        """This link's latency and rate from round trips the learner echoes at once: an empty probe
+        (latency: half its round trip) and one of `payload_bytes` (rate: those bytes over the time
+        they add). Weights and credits that arrive meanwhile are taken as usual. None when the
+        learner does not answer within `timeout_s`."""
+        empty = self._round_trip(taker, 0, repeats, timeout_s)
+        full = self._round_trip(taker, payload_bytes, repeats, timeout_s) if empty is not None else None
+        if full is None:
+            return None
+        return {"link_latency_s": empty / 2, "link_bytes_per_s": payload_bytes / max(full - empty, 1e-9),
+                "link_probe_bytes": float(payload_bytes)}
+
+    def _round_trip(self, taker: WeightsTaker, size: int, repeats: int, timeout_s: float) -> float | None:
+        """Median seconds from sending a probe of `size` bytes to its echo."""
+        payload = {"probe": np.zeros(size, np.uint8)} if size else None
+        times = []
+        for n in range(repeats):
+            started = time.perf_counter()
+            self.link.send_multipart(encode({"kind": "probe", "n": n}, payload), copy=False)
+            if not self._await_echo(taker, n, started + timeout_s):
+                return None
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    def _await_echo(self, taker: WeightsTaker, n: int, deadline: float) -> bool:
+        while (left := deadline - time.perf_counter()) > 0:
+            if not self.link.poll(max(1, int(left * 1000))):
+                continue
+            message = self._checked(self.link.recv_multipart(copy=False))
             if message is None:
                 continue
-            header, arrays = message
-            if header["kind"] == "weights":
-                new_epoch = header["epoch"] != self.epoch
-                if new_epoch:
-                    self.epoch = header["epoch"]
-                    self.credits.clear()
-                taker.set_weights(header["version"], arrays, force=new_epoch)
-                self._waiting_since = None
-            elif header["kind"] == "credit" and header["epoch"] == self.epoch:
-                self.credits.append((header["slot"], header["min_version"]))
+            if message[0]["kind"] == "probe":
+                if message[0]["n"] == n:
+                    return True
+            else:
+                self._take(*message, taker)
+        return False
+
+    def _take(self, header: dict[str, Any], arrays: dict[str, Any], taker: WeightsTaker) -> None:
+        if header["kind"] == "weights":
+            new_epoch = header["epoch"] != self.epoch
+            if new_epoch:
+                self.epoch = header["epoch"]
+                self.credits.clear()
+            taker.set_weights(header["version"], arrays, force=new_epoch)
+            self._waiting_since = None
+        elif header["kind"] == "credit" and header["epoch"] == self.epoch:
+            self.credits.append((header["slot"], header["min_version"]))
 
     def newest_weights(self, taker: WeightsTaker) -> None:
         message = self._checked(newest(self.weights))
@@ -338,7 +383,8 @@ class LearnerLink:
             return None
         try:
             header, arrays = decode(frames)
-            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch")}.get(header["kind"], ())
+            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch"),
+                    "probe": ("n",)}.get(header["kind"], ())
             for key in need:
                 if not isinstance(header.get(key), int):
                     raise WireError(f"{header['kind']} without an int {key!r}")
