@@ -16,6 +16,9 @@ import pytest
 from conftest import wait_for
 
 from tianji.config import load_config
+from tianji.runtime.launchers.ray import measure_link, node_resources
+from tianji.runtime.launchers.ray_boot import boot
+from tianji.tools import plan
 from tianji.tools.train import train
 
 ray = pytest.importorskip("ray")
@@ -90,6 +93,26 @@ def assert_group_measured_across_nodes(summary, capsys):
     with capsys.disabled():
         print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
               f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
+
+
+def test_the_planner_measures_the_link_between_two_nodes_and_lays_out_the_cluster(two_nodes, capsys):
+    """`tianji plan --cluster`: the group probe runs with one rank on each node, and the layout for
+    each node is priced with that link."""
+    ray = boot(two_nodes.address).ray
+    costs = measure_link(ray, parameters=10_000)
+    assert costs["allreduce_bucket_bytes"] == 40_000 and len(set(costs["nodes"])) == 2
+    assert 0 < costs["allreduce_latency_s"] < costs["allreduce_bucket_s"] < 5
+    cal = plan.Calibration({k: 2_000.0 * k for k in plan.ENV_CHOICES}, learner_rate=30_000.0, steps_per_update=2048,
+                           fragment_steps=512, seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
+                           sync_measured=True)
+    link_bytes, link_latency = plan.link_from_probe(cal, costs)
+    assert link_bytes == costs["allreduce_bytes_per_s"] and link_latency >= 0
+    layouts, total, why = plan.plan_cluster(cal, load_config("cartpole-ppo", []), node_resources(ray), link_bytes,
+                                            link_latency)
+    assert len(layouts) == 2 and "across the link" in why and total > 0
+    with capsys.disabled():
+        print(f"\n  link between the nodes: all_reduce {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+              f"{costs['allreduce_bytes_per_s'] / 1e6:.0f} MB/s; {why}", end="")
 
 
 def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_path, capsys):

@@ -194,12 +194,18 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
 
 
 def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float) -> int:
-    from tianji.runtime.launchers.ray import node_resources
+    from tianji.runtime.launchers.ray import measure_link, node_resources
     from tianji.runtime.launchers.ray_boot import boot
-    from tianji.tools.plan import plan_cluster
+    from tianji.tools.plan import link_from_probe, plan_cluster
 
     booted = boot(cfg.ray.address or "auto")
     nodes = node_resources(booted.ray)
+    costs = measure_link(booted.ray, cal.parameters) if len(nodes) > 1 else None
+    if costs is not None:  # the link the learners' collectives will cross, measured as they will use it
+        link_bytes, link_latency = link_from_probe(cal, costs)
+        print(f"link measured between two nodes (a learner group of two over TCP, a {costs['allreduce_bucket_bytes'] / 1e3:,.0f}"
+              f" kB bucket): all_reduce latency {costs['allreduce_latency_s'] * 1e6:,.0f} us, "
+              f"{costs['allreduce_bytes_per_s'] / 1e6:,.1f} MB/s (used instead of --link-gbit/--link-latency-us)")
     layouts, total, why = plan_cluster(cal, cfg, nodes, link_bytes, link_latency)
     for index, (node, layout) in enumerate(zip([n for n in nodes if n.get("CPU", 0) >= 2], layouts)):
         print(f"node {index}: {node.get('CPU', 0):g} CPUs, {node.get('GPU', 0):g} GPUs -> {layout.learners} learner(s) x "

@@ -400,6 +400,12 @@ def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: i
     return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, nodes * chosen.learners)
 
 
+def link_from_probe(cal: Calibration, costs: dict[str, float]) -> tuple[float, float]:
+    """The link (bytes/s, one message's latency) that a group probe across two nodes measured, in the
+    terms `predict_cluster` adds to the group costs measured on one machine."""
+    return costs["allreduce_bytes_per_s"], max(0.0, costs["allreduce_latency_s"] / 2 - cal.sync_latency_s)
+
+
 def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], link_bytes_per_s: float,
                  link_latency_s: float) -> tuple[list[Layout], float, str]:
     """A layout for a described cluster (each alive node's resources, as Ray lists them): every node

@@ -33,7 +33,7 @@ from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
 from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, Booted, RayNodeHost, booted
 from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
-from tianji.runtime.sync import GroupSpec
+from tianji.runtime.sync import GroupSpec, join_group, leave_group, measure_group
 from tianji.runtime.transport.links import (
     ControlChannel,
     Endpoints,
@@ -143,6 +143,35 @@ def _largest(nodes: list[dict[str, float]], bundle: dict[str, float]) -> str:
 
 def node_resources(ray: Any) -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+
+
+def measure_link(ray: Any, parameters: int, timeout_s: float = 120.0) -> dict[str, Any] | None:
+    """The network between two nodes of the cluster, as a learner group would see it: one rank on
+    each of the first two alive nodes forms a gloo group over TCP and runs the probe every learner
+    group runs at start (`measure_group`, a bucket of `parameters` float32s). None on one node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = [node for node in ray.nodes() if node.get("Alive")][:2]
+    if len(alive) < 2:
+        return None
+    pinned = [NodeAffinitySchedulingStrategy(node["NodeID"], soft=False) for node in alive]
+    host = alive[0]["NodeManagerAddress"]
+    port, = ray.get(ray.remote(RayNodeHost.free_ports).options(num_cpus=0, scheduling_strategy=pinned[0]).remote(host, 1),
+                    timeout=timeout_s)
+    probe = ray.remote(_probe_rank)
+    ranks = [probe.options(num_cpus=0, scheduling_strategy=where).remote(GroupSpec(rank, 2, host, port, timeout_s),
+                                                                          parameters)
+             for rank, where in enumerate(pinned)]
+    costs = ray.get(ranks, timeout=timeout_s)[0]
+    return {**costs, "nodes": [node["NodeID"] for node in alive]}
+
+
+def _probe_rank(spec: GroupSpec, parameters: int) -> dict[str, float]:
+    join_group(spec)
+    try:
+        return measure_group(parameters)
+    finally:
+        leave_group()
 
 
 class RayRoles:
