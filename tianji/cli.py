@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", action="store_true", help="lay out the whole Ray cluster (ray.address, or the "
                       "one `ray start` made here): every node's CPUs, the rates measured on this machine")
     plan.add_argument("--link-gbit", type=float, default=10.0, help="what-if: network between machines, Gbit/s")
+    plan.add_argument("--gpu-learner-rate", type=float, default=None, help="what-if: one learner per node on a GPU "
+                      "that consumes this many env steps/s (measure it on a GPU machine: tianji plan PRESET --set "
+                      "learner.device=cuda)")
     plan.add_argument("--link-latency-us", type=float, default=50.0, help="what-if: one message's latency between "
                       "machines, microseconds")
 
@@ -177,8 +180,9 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     from tianji.config import ConfigError
     from tianji.tools.plan import calibrate, format_cluster, layout_space, predict_cluster
 
-    if (args.nodes or 1) < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0:
-        raise ConfigError("--nodes, --cores-per-node and --link-gbit: expected positive numbers "
+    if (args.nodes or 1) < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0 \
+            or (args.gpu_learner_rate is not None and args.gpu_learner_rate <= 0):
+        raise ConfigError("--nodes, --cores-per-node, --link-gbit and --gpu-learner-rate: expected positive numbers "
                           "(--link-latency-us: zero or more)")
     space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, one learner, "
@@ -188,8 +192,9 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     if args.cluster:
         return _plan_ray_cluster(cfg, cal, link_bytes, link_latency)
     sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < args.nodes} | {args.nodes})
-    predictions = [predict_cluster(cal, cfg, n, cores_per_node, link_bytes, link_latency) for n in sizes]
-    print(format_cluster(cal, predictions, link_bytes, link_latency, cfg.sync.mode))
+    predictions = [predict_cluster(cal, cfg, n, cores_per_node, link_bytes, link_latency, args.gpu_learner_rate)
+                   for n in sizes]
+    print(format_cluster(cal, predictions, link_bytes, link_latency, cfg.sync.mode, args.gpu_learner_rate))
     return 0
 
 

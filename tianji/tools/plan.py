@@ -386,13 +386,18 @@ class ClusterPrediction:
 
 
 def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: int, link_bytes_per_s: float,
-                    link_latency_s: float) -> ClusterPrediction:
+                    link_latency_s: float, gpu_learner_rate: float | None = None) -> ClusterPrediction:
     """What-if for `nodes` machines of `cores_per_node` cores like this one: every node runs the layout
     the planner would choose for its cores, actors feeding the learners of their own node (shared
     memory), and all learners form one group whose collectives cross the link (its bandwidth caps
     the bus bandwidth measured here; its latency adds to a message's). Under sync.mode average the
-    collectives overlap training, so nodes add throughput until something else binds."""
+    collectives overlap training, so nodes add throughput until something else binds.
+    `gpu_learner_rate`: one learner per node, on a GPU that consumes this many env steps/s (measure it
+    on a GPU machine with `tianji plan PRESET --set learner.device=cuda`); it barely uses a core."""
     space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
+    if gpu_learner_rate is not None:
+        cal = replace(cal, learner_rate=gpu_learner_rate)
+        space = replace(space, learners=(1,))
     if nodes > 1:
         cal = replace(cal, sync_latency_s=cal.sync_latency_s + link_latency_s,
                       sync_bytes_per_s=min(cal.sync_bytes_per_s, link_bytes_per_s))
@@ -434,10 +439,11 @@ def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], l
 
 
 def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_bytes_per_s: float,
-                   link_latency_s: float, mode: str) -> str:
+                   link_latency_s: float, mode: str, gpu_learner_rate: float | None = None) -> str:
     """The what-if table: per cluster size, the layout on every node, the group, the predicted rate."""
     base = predictions[0].env_steps_per_s / predictions[0].nodes
-    lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here; "
+    gpu = "" if gpu_learner_rate is None else f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)"
+    lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here{gpu}; "
              f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
              f"{'measured' if cal.sync_measured else 'assumed'} on this machine: "
              f"{2 * cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
