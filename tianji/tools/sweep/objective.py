@@ -97,7 +97,14 @@ class Objective:
         metric = _number(row.get(ROW_METRIC[self.target_metric]))
         if self.name != "time_to_target":
             return metric
-        counted = self.target_metric != "train" or (_number(row.get("env/episodes")) or 0) >= WINDOW
-        if counted and metric is not None and metric >= self.target:
+        if self.reached(row):
             return float(row["time_s"])
         return self.penalised(metric)
+
+    def reached(self, row: dict[str, Any]) -> bool:
+        """Whether this metrics row shows the target reached: a time to target is then final, nothing to prune."""
+        if self.name != "time_to_target":
+            return False
+        metric = _number(row.get(ROW_METRIC[self.target_metric]))
+        counted = self.target_metric != "train" or (_number(row.get("env/episodes")) or 0) >= WINDOW
+        return counted and metric is not None and metric >= self.target

@@ -110,7 +110,8 @@ def make_sampler(settings: SweepSettings, trials_so_far: int) -> optuna.samplers
 def make_pruner(settings: SweepSettings) -> optuna.pruners.BasePruner:
     _, every = settings.report_unit()
     if settings.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=every)
+        # the first point sees a second or two of training after start-up (noise): judged from the second on
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2 * every)
     if settings.pruner == "halving":  # asynchronous successive halving (ASHA), rungs at 2, 6, 18, ... points
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=2 * every, reduction_factor=3)
     return optuna.pruners.NopPruner()
@@ -335,7 +336,8 @@ class Sweep:
                 r.trial.report(value, r.next_point)
                 r.reported = True
             r.next_point += self.every
-            if r.reported and not r.interrupted and r.failure is None and r.trial.should_prune():
+            settled = self.objective.reached(row)  # it stops by itself now, with its final value
+            if r.reported and not settled and not r.interrupted and r.failure is None and r.trial.should_prune():
                 r.pruned = True
                 r.process.interrupt()
 
@@ -362,8 +364,9 @@ class Sweep:
 
     def outcome(self, r: Running, code: int, summary: dict[str, Any] | None
                 ) -> tuple[optuna.trial.TrialState, float | None, str | None]:
-        natural = code == 0 and summary is not None and summary.get("stop_reason") not in ("interrupted", "error")
-        if natural:  # it ended on its own (maybe just before a stop request arrived): its result counts
+        # it ended on its own (a stop request may have come during its shutdown): its summary's result counts
+        natural = summary is not None and summary.get("stop_reason") not in (None, "interrupted", "error")
+        if natural:
             value = self.objective.final(summary)
             if value is None:
                 return optuna.trial.TrialState.FAIL, None, f"no {self.objective.name} value in summary.json"
@@ -384,8 +387,15 @@ class Sweep:
             return
         point = r.next_point
         while point <= limit and point < r.next_point + 1000 * self.every:
-            r.trial.report(value, point)
+            r.trial.report(self.value_at(point, value), point)
             point += self.every
+
+    def value_at(self, point: int, final: float) -> float:
+        """A finished trial's value at a report point after its last metrics row: its final value, except that
+        a time to target counts only from the point it was reached (before it: not reached, nearly there)."""
+        if self.objective.name == "time_to_target" and self.unit == "time_s" and point < final:
+            return self.objective.penalised(self.objective.target)
+        return final
 
     def stop_all(self) -> None:
         """Ctrl-C: interrupt every running trial (each writes its checkpoint and summary), wait for them (a
