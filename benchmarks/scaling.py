@@ -13,7 +13,11 @@ For each preset:
    layout --repeats times, in turn (1x1, 1x2, 2x2, 1x1, ...), the median counts (runs on a shared
    2-core machine vary by 10-25 % from one to the next);
 3. put the model's prediction for the same layout next to it, with the error;
-4. predict 1, 2, 4, ... --nodes machines of --cores-per-node cores joined by --link-gbit.
+   with --two-nodes also on a two-node Ray test cluster on this machine (learner and actors on
+   different nodes, fragments over TCP; Ray must be installed);
+4. predict 1, 2, 4, ... --nodes machines of --cores-per-node cores joined by --link-gbit, with CPU
+   learners as the planner lays them out and with one GPU learner per node that keeps up (no GPU
+   here: its rate is not measured; the planner takes a measured one with --gpu-learner-rate).
 Writes scaling.json, scaling.md and scaling.png (matplotlib) into --out. Measured numbers come from
 runs here; everything for more than this machine is predicted.
 """
@@ -33,14 +37,21 @@ from tianji.config import load_config
 from tianji.tools import plan
 
 LAYOUTS = ((1, 1), (1, 2), (2, 2))  # (learners, actors) that fit 2 cores
+# predicted clusters: CPU learners as the planner lays them out, or one GPU learner per node
+CLUSTER_KINDS = (("cpu", "allreduce"), ("cpu", "average"), ("gpu", "allreduce"), ("gpu", "average"))
+GPU_KEEPS_UP = 1e9  # env steps/s of a GPU learner that is never the bottleneck (no GPU here to measure one)
 
 
-def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Path) -> dict:
+def cfg_with_sync(cfg, mode: str):
+    return cfg.model_copy(update={"sync": cfg.sync.model_copy(update={"mode": mode})})
+
+
+def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Path, *more: str) -> dict:
     """A real run of this layout, no target: steady env steps/s, learner busy fraction, policy lag."""
     command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
                "--set", f"topology.learners={learners}", "--set", f"topology.actors={actors}",
                "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={seconds}",
-               "--set", "logging.console=false"]
+               "--set", "logging.console=false", *more]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     steady = rows[1:-1] if len(rows) > 3 else rows
@@ -50,6 +61,26 @@ def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Pa
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"env_steps_per_s": rate, "learner_busy": sum(busy) / max(1, len(busy)),
             "policy_lag_max": summary["policy_lag_max"], "policy_lag_mean": summary["policy_lag_mean"]}
+
+
+def measure_two_nodes(preset: str, seconds: float, repeats: int, tmp: Path) -> list[dict]:
+    """The 1 learner x 2 actors layout on a two-node Ray test cluster made on this machine: the learner
+    on the head node, the actors on the worker node, every fragment over TCP (the same 2 cores)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tianji.runtime.launchers.ray_boot import loopback_only
+
+    loopback_only(ray)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},
+                                                            "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster.add_node(num_cpus=2, resources={"worker_node": 2}, node_ip_address="127.0.0.1")
+    try:
+        return [measure(preset, 1, 2, seconds, tmp / f"{preset}-two-nodes-{repeat}", "--launcher", "ray",
+                        "--set", f"ray.address={cluster.address}", "--set", "ray.learner_resources={head_node: 1}",
+                        "--set", "ray.actor_resources={worker_node: 1}") for repeat in range(repeats)]
+    finally:
+        cluster.shutdown()
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -76,24 +107,27 @@ def calibrated(preset: str, cores_per_node: int) -> tuple[object, plan.Calibrati
 def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:
     cores = plan.available_cores()
     cfg, cal = calibrated(preset, args.cores_per_node)
-    runs = {layout: [] for layout in LAYOUTS}
+    runs = {("one machine", *layout): [] for layout in LAYOUTS}
     for repeat in range(args.repeats):
         for learners, actors in LAYOUTS:
-            runs[learners, actors].append(measure(preset, learners, actors, args.seconds,
-                                                  tmp / f"{preset}-{learners}x{actors}-{repeat}"))
+            runs["one machine", learners, actors].append(measure(preset, learners, actors, args.seconds,
+                                                                 tmp / f"{preset}-{learners}x{actors}-{repeat}"))
+    if args.two_nodes:
+        runs["two nodes (TCP)", 1, 2] = measure_two_nodes(preset, args.seconds, args.repeats, tmp)
     rows = []
-    for learners, actors in LAYOUTS:
-        got = median_run(runs[learners, actors])
+    for (where, learners, actors), measured in runs.items():
+        got = median_run(measured)
         want = predicted(cal, cfg, learners, actors, cores)
-        rows.append({"learners": learners, "actors": actors, "measured": got, "predicted": want,
+        rows.append({"where": where, "learners": learners, "actors": actors, "measured": got, "predicted": want,
                      "error": want["env_steps_per_s"] / got["env_steps_per_s"] - 1})
-        print(f"{preset} {learners} x {actors}: measured {got['env_steps_per_s']:,.0f} env steps/s, predicted "
+        print(f"{preset} {learners} x {actors} ({where}): measured {got['env_steps_per_s']:,.0f} env steps/s, predicted "
               f"{want['env_steps_per_s']:,.0f} ({rows[-1]['error']:+.0%})", flush=True)
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.nodes]
-    cluster = {mode: [asdict(plan.predict_cluster(cal, cfg.model_copy(update={"sync": cfg.sync.model_copy(
-        update={"mode": mode})}), n, args.cores_per_node, link_bytes, link_latency)) for n in sizes]
-        for mode in ("allreduce", "average")}
+    cluster = {f"{kind} {mode}": [asdict(plan.predict_cluster(
+        cal, cfg_with_sync(cfg, mode), n, args.cores_per_node, link_bytes, link_latency,
+        GPU_KEEPS_UP if kind == "gpu" else None)) for n in sizes]
+        for kind, mode in CLUSTER_KINDS}
     for mode, predictions in cluster.items():
         print(f"{preset} predicted, {mode}: " + ", ".join(
             f"{p['nodes']} nodes {p['env_steps_per_s']:,.0f}" for p in predictions), flush=True)
@@ -111,18 +145,22 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
         for row in r["layouts"]:
             m, p = row["measured"], row["predicted"]
             runs = ", ".join(f"{rate:,.0f}" for rate in m["runs_env_steps_per_s"])
-            out.append(f"| {r['preset']} | {row['learners']} x {row['actors']} | {m['env_steps_per_s']:,.0f} | {runs} | "
+            where = f"{row['learners']} x {row['actors']}" + (", two nodes (TCP)" if row["where"] != "one machine" else "")
+            out.append(f"| {r['preset']} | {where} | {m['env_steps_per_s']:,.0f} | {runs} | "
                        f"{p['env_steps_per_s']:,.0f} | {row['error']:+.0%} | {m['learner_busy']:.0%} / "
                        f"{p['learner_busy']:.0%} | {m['policy_lag_max']} / {p['policy_lag_max']:.1f} |")
     out += ["", "## Predicted (not measured): env steps/s for N nodes, every node running the chosen layout", "",
-            "| preset | sync | " + " | ".join(f"{p['nodes']} nodes" for p in results[0]["cluster"]["allreduce"])
+            "| preset | learners, sync | " + " | ".join(f"{p['nodes']} nodes" for p in results[0]["cluster"]["cpu allreduce"])
             + " | per node (learners x actors x envs) |",
-            "|---|---|" + "---|" * (len(results[0]["cluster"]["allreduce"]) + 1)]
+            "|---|---|" + "---|" * (len(results[0]["cluster"]["cpu allreduce"]) + 1)]
     for r in results:
         for mode, predictions in r["cluster"].items():
             layout = predictions[-1]["per_node"]
             out.append(f"| {r['preset']} | {mode} | " + " | ".join(f"{p['env_steps_per_s']:,.0f}" for p in predictions)
                        + f" | {layout['learners']} x {layout['actors']} x {layout['envs_per_actor']} |")
+    out += ["", "gpu: one learner per node on a GPU that is never the bottleneck (not measured: no GPU on this "
+            "machine); a GPU's measured rate (`tianji plan PRESET --set learner.device=cuda` on a GPU machine) goes in "
+            "`tianji plan PRESET --nodes N --gpu-learner-rate R`."]
     return "\n".join(out) + "\n"
 
 
@@ -134,12 +172,13 @@ def picture(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
-        for mode, style in (("allreduce", "-o"), ("average", "--s")):
+        for mode, style in (("cpu allreduce", "-o"), ("cpu average", "--s"), ("gpu allreduce", ":^"),
+                            ("gpu average", ":v")):
             predictions = r["cluster"][mode]
             ax.plot([p["nodes"] for p in predictions], [p["env_steps_per_s"] for p in predictions], style,
                     label=f"{r['preset']} {mode} (predicted)")
         best = max(r["layouts"], key=lambda row: row["measured"]["env_steps_per_s"])
-        here = r["cores_here"] / r["cluster"]["allreduce"][0]["cores_per_node"]  # this machine, as a fraction of a node
+        here = r["cores_here"] / r["cluster"]["cpu allreduce"][0]["cores_per_node"]  # this machine, as a fraction of a node
         ax.scatter([here], [best["measured"]["env_steps_per_s"]], marker="*", s=140, zorder=5,
                    label=f"{r['preset']} measured here ({r['cores_here']} cores)")
         ax.scatter([here], [best["predicted"]["env_steps_per_s"]], marker="o", facecolors="none", edgecolors="k",
@@ -160,6 +199,8 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "pong-ppo"])
     parser.add_argument("--seconds", type=float, default=12.0, help="length of each measured run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each layout (the median counts)")
+    parser.add_argument("--two-nodes", action="store_true", help="also 1 learner x 2 actors on a two-node Ray test "
+                        "cluster on this machine (learner on one node, actors on the other, fragments over TCP)")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--cores-per-node", type=int, default=40, help="the paper's nodes have 40 cores")
     parser.add_argument("--link-gbit", type=float, default=10.0)
