@@ -51,7 +51,7 @@ def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Pa
     command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
                "--set", f"topology.learners={learners}", "--set", f"topology.actors={actors}",
                "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={seconds}",
-               "--set", "logging.console=false", *more]
+               "--set", "logging.console=false", "--set", "logging.interval_s=1", *more]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     steady = rows[1:-1] if len(rows) > 3 else rows

@@ -223,6 +223,10 @@ def test_a_process_shares_the_cores_with_the_others_that_want_one():
     # two others, each busy half the time, on 2 cores: only when both run (1/4) does it get 2/3 of a core
     speed, taken = plan.core_share([(1, 0.5), (1, 0.5)], cores=2)
     assert speed == pytest.approx(0.75 + 0.25 * 2 / 3) and taken == pytest.approx(0.25)
+    # a collective waits for the slowest: each of two learners takes 1.5 steps' time a quarter of the time
+    assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=1) == pytest.approx(0.75 + 0.25 * 1.5)
+    assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=2) == pytest.approx(0.75 ** 2 + (1 - 0.75 ** 2) * 1.5)
+    assert plan.slowest_step([(3, 0.0)], cores=1, members=8) == pytest.approx(1.0)
     assert plan.efficiency_at(0.7, 1.0, 4) == 1.0 and plan.efficiency_at(0.7, 4.0, 4) == pytest.approx(0.7)
     assert plan.efficiency_at(0.7, 2.5, 4) == pytest.approx(0.85)
 
@@ -250,8 +254,9 @@ def test_more_processes_than_cores_and_busy_cores_slow_a_layout_down():
 def test_the_cores_efficiency_is_measured_with_the_learner_on_every_core():
     cfg = config()
     layout = plan.with_layout(cfg, 1, 32, 2048)
-    efficiency = plan.measure_core_efficiency(layout, 1e12, 2, build_actor, build_learner, seconds=0.3)
-    assert 0 < efficiency < 1e-3  # every copy ran and reported its rate (against an impossible lone rate)
+    efficiency = plan.measure_core_efficiency(layout, 2, build_actor, build_learner, seconds=0.3)
+    assert 0 < efficiency <= 1  # measured alone and on both cores, in forked copies
+    assert plan.measure_core_efficiency(layout, 1, build_actor, build_learner) == 1.0  # one core: nothing to share
 
 
 def test_the_cluster_what_if_with_one_gpu_learner_per_node():
@@ -268,3 +273,12 @@ def test_the_cluster_what_if_with_one_gpu_learner_per_node():
     assert slow.env_steps_per_s <= 4 * 10_000 + 1e-6  # a slow GPU bounds each node
     table = plan.format_cluster(cal, [gpu], 1.25e9, 50e-6, "allreduce", gpu_learner_rate=1e9)
     assert "one GPU learner per node" in table
+
+
+def test_two_learners_training_as_a_group_price_each_collective_message():
+    # each step of the group takes 5 ms more than alone; less the bucket's 1 ms, over two messages
+    assert plan.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.0) == pytest.approx(0.002)
+    assert plan.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.003) == 0.003  # never below the probe
+    layout = plan.with_layout(config(), 1, 32, 2048)
+    rate = plan.measure_group_training(layout, updates_per_s=10.0, seconds=0.3)  # two forked learners, gloo
+    assert rate > 0

@@ -44,7 +44,7 @@ import torch
 from tianji.config import Config, build_config
 from tianji.runtime.launchers.local import free_loopback_port
 from tianji.runtime.roles.build import build_actor, build_learner
-from tianji.runtime.sync import GroupSpec, join_group, leave_group, measure_group
+from tianji.runtime.sync import GroupSpec, join_group, leave_group, make_sync, measure_group
 from tianji.runtime.transport.links import die_with_parent
 
 ENV_CHOICES = (4, 8, 16, 32, 64, 128)
@@ -74,6 +74,8 @@ class Calibration:
     # every core busy at once runs each at this fraction of a lone core's speed (shared caches, memory,
     # SMT siblings): the learner's update loop on all cores at once vs alone; 1.0 until measured
     core_efficiency: float = 1.0
+    # each of two learners training as an allreduce group on this machine (a core each); 0: not measured
+    group_learner_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,22 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     and a learner group of two when the space plans learners or `group` asks (a cluster what-if)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
+    # the learner first: measured after the actors' envs (ALE's above all) it ran 15-20 % slower than in
+    # a fresh process, as it does in a run
+    layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
+    learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
+                                                                               learner_seconds)
+    efficiency = measure_core_efficiency(layout, available_cores(), build_actor, build_learner)
+    sync = {}
+    if group or max(space.learners) > 1:
+        costs = measure_local_group(parameters)
+        sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
+                "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
+        if available_cores() >= 2:  # what a step's collective really costs two training learners
+            sync["group_learner_rate"] = measure_group_training(layout, learner_rate / steps_per_update)
+            sync["sync_latency_s"] = message_latency(sync["group_learner_rate"], learner_rate, steps_per_update,
+                                                     gradient_steps, 4 * parameters / costs["allreduce_bytes_per_s"],
+                                                     sync["sync_latency_s"])
     rates = {}
     for k in space.envs:
         actor = build_actor(with_layout(cfg, 1, k, space.fragment_steps), 0)
@@ -152,40 +170,36 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
             steps += actor.collect().env_steps
         rates[k] = steps / (time.perf_counter() - t0)
         actor.envs.close()
-    layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
-    learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
-                                                                               learner_seconds)
-    efficiency = measure_core_efficiency(layout, learner_rate, available_cores(), build_actor, build_learner)
-    sync = {}
-    if group or max(space.learners) > 1:
-        costs = measure_local_group(parameters)
-        sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
-                "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
     return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started,
                        gradient_steps, parameters, core_efficiency=efficiency, **sync)
 
 
-def measure_core_efficiency(layout: Config, lone_rate: float, cores: int, build_actor, build_learner,
-                            seconds: float = 1.5) -> float:
-    """How fast each core runs while all are busy, as a fraction of one core alone: `cores` copies of
-    the learner's update loop start together (after their warm-up) and time the same window."""
+def measure_core_efficiency(layout: Config, cores: int, build_actor, build_learner, seconds: float = 2.0) -> float:
+    """How fast each core runs while all are busy, as a fraction of one core alone: the learner's update
+    loop in one process, then in `cores` processes that start together (after their warm-up) and time
+    the same window; both measured the same way, in processes forked from this one."""
     if cores < 2:
         return 1.0
+    lone = _rates_on_cores(layout, 1, seconds, build_actor, build_learner)
+    together = _rates_on_cores(layout, cores, seconds, build_actor, build_learner)
+    return min(1.0, sum(together) / len(together) / lone[0])
+
+
+def _rates_on_cores(layout: Config, copies: int, seconds: float, build_actor, build_learner) -> list[float]:
     ctx = _process_context()
     results = ctx.Queue()
-    start = ctx.Barrier(cores)
-    copies = [ctx.Process(target=_busy_core, args=(layout, seconds, start, results, os.getpid(), build_actor,
-                                                   build_learner)) for _ in range(cores)]
-    for process in copies:
+    start = ctx.Barrier(copies)
+    processes = [ctx.Process(target=_busy_core, args=(layout, seconds, start, results, os.getpid(), build_actor,
+                                                      build_learner)) for _ in range(copies)]
+    for process in processes:
         process.start()
     try:
-        rates = [results.get(timeout=60) for _ in copies]
+        return [results.get(timeout=60) for _ in processes]
     finally:
-        for process in copies:
+        for process in processes:
             process.join(5)
             if process.is_alive():
                 process.kill()
-    return min(1.0, sum(rates) / len(rates) / lone_rate)
 
 
 def _busy_core(layout: Config, seconds: float, start: Any, results: Any, parent_pid: int, build_actor,
@@ -193,6 +207,49 @@ def _busy_core(layout: Config, seconds: float, start: Any, results: Any, parent_
     die_with_parent(parent_pid)
     torch.set_num_threads(1)
     results.put(_learner_rate(layout, build_actor, build_learner, seconds, start)[0])
+
+
+def measure_group_training(layout: Config, updates_per_s: float, seconds: float = 2.0,
+                           timeout_s: float = 60.0) -> float:
+    """Env steps/s each of two learners consumes when they train as an allreduce group on this machine
+    (gloo over loopback, a core each): every optimizer step's collective at its real cost, the long
+    tail of its waits, the flattening and the slower of the two included."""
+    updates = max(3, round(seconds * updates_per_s))  # the same count on both: neither is left waiting
+    ctx = _process_context()
+    results = ctx.Queue()
+    port = free_loopback_port()
+    ranks = [ctx.Process(target=_group_learner, args=(layout, GroupSpec(rank, 2, "127.0.0.1", port, timeout_s),
+                                                      updates, results, os.getpid())) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        rates = [results.get(timeout=timeout_s + 60) for _ in ranks]
+    finally:
+        for process in ranks:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+    return sum(rates) / len(rates)
+
+
+def _group_learner(layout: Config, spec: GroupSpec, updates: int, results: Any, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    torch.set_num_threads(1)
+    join_group(spec)
+    try:
+        results.put(_learner_rate(layout, build_actor, build_learner, 0.0, group_sync=make_sync("allreduce", 2),
+                                  updates=updates)[0])
+    finally:
+        leave_group()
+
+
+def message_latency(group_rate: float, learner_rate: float, steps_per_update: float, optimizer_steps: float,
+                    bucket_s: float, probed: float) -> float:
+    """One collective message's cost as two training learners pay it: what a step of theirs takes
+    beyond a lone learner's, less the bucket's transfer, over the ring's two messages (never below
+    what the probe measured)."""
+    per_step = (steps_per_update / group_rate - steps_per_update / learner_rate) / max(optimizer_steps, 1.0)
+    return max(probed, (per_step - bucket_s) / 2)
 
 
 def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 60.0) -> dict[str, float]:
@@ -229,24 +286,30 @@ def _probe_rank(spec: GroupSpec, parameters: int, results: Any, parent_pid: int)
 
 
 class _CountingHook:
-    """Stands where a learner group's gradient allreduce would: counts the optimizer steps."""
+    """Stands where a learner group's gradient allreduce is: counts the optimizer steps (and passes
+    them on to the group's sync when there is one)."""
 
-    calls = 0
+    def __init__(self, group_sync: Any = None):
+        self.calls = 0
+        self.group_sync = group_sync
 
     def gradients(self, params: Any) -> None:
         self.calls += 1
+        if self.group_sync is not None:
+            self.group_sync.gradients(params)
 
 
-def _learner_rate(layout: Config, build_actor, build_learner, seconds: float,
-                  start: Any = None) -> tuple[float, float, float, int]:
+def _learner_rate(layout: Config, build_actor, build_learner, seconds: float, start: Any = None,
+                  group_sync: Any = None, updates: int | None = None) -> tuple[float, float, float, int]:
     """Env steps/s one learner consumes, fed as fast as its balance rules allow; env steps, optimizer
     steps per update, and the number of trained parameters. `start`: a barrier to time from, after
-    the warm-up (several copies timing the same window)."""
+    the warm-up (several copies timing the same window). `group_sync`: the learner's group (then
+    every member times the same number of `updates`, so none leaves another waiting in a collective)."""
     actor = build_actor(layout, 0)
     fragments = [actor.collect() for _ in range(4)]
     actor.envs.close()
     learner = build_learner(layout)
-    hook = learner.algo.sync = _CountingHook()
+    hook = learner.algo.sync = _CountingHook(group_sync)
     fed = 0
 
     def feed_or_train() -> None:
@@ -267,7 +330,7 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float,
     if start is not None:
         start.wait(60)
     fed_before, updates_before, t0 = fed, learner.updates, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    while (time.perf_counter() - t0 < seconds) if updates is None else (learner.updates - updates_before < updates):
         feed_or_train()
     steps = (fed - fed_before) * fragments[0].env_steps
     updates = max(1, learner.updates - updates_before)
@@ -297,13 +360,29 @@ def core_share(others: list[tuple[int, float]], cores: int) -> tuple[float, floa
     others want a core at the same moment: a process that competes with k others gets cores / (k + 1))
     and the probability that the others take every core when it wakes. `others`: (processes, busy
     probability) per kind, each process wanting a core independently."""
-    wanting = np.ones(1)  # wanting[k]: probability that exactly k others want a core
+    wanting = _others_wanting(others)
+    k = np.arange(len(wanting))
+    return float(wanting @ np.minimum(1.0, cores / (k + 1))), float(wanting[k >= cores].sum())
+
+
+def slowest_step(others: list[tuple[int, float]], cores: int, members: int) -> float:
+    """A collective waits for the slowest of `members` learners: the expected longest of their step
+    times, in steps on a core of its own, each learner drawing its share of a core (`core_share`)
+    independently."""
+    wanting = _others_wanting(others)
+    step = 1.0 / np.minimum(1.0, cores / (np.arange(len(wanting)) + 1))  # step time with k others wanting a core
+    below = np.cumsum(wanting)  # P(step time <= step[k]); steps grow with k
+    return float(step @ np.diff(np.concatenate([[0.0], np.minimum(below, 1.0) ** members])))
+
+
+def _others_wanting(others: list[tuple[int, float]]) -> np.ndarray:
+    """Probability that exactly k of the others want a core, k = 0, 1, ..."""
+    wanting = np.ones(1)
     for count, busy in others:
         k = np.arange(count + 1)
         pmf = np.array([math.comb(count, i) for i in k], dtype=float) * busy ** k * (1 - busy) ** (count - k)
         wanting = np.convolve(wanting, pmf)
-    k = np.arange(len(wanting))
-    return float(wanting @ np.minimum(1.0, cores / (k + 1))), float(wanting[k >= cores].sum())
+    return wanting
 
 
 def efficiency_at(core_efficiency: float, cores_in_use: float, cores: int) -> float:
@@ -319,8 +398,8 @@ def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producin
     """Env steps/s of `actors` actors and `learners` learners sharing `cores` cores (the learners are
     part of a group of `group`), and the learners' consumption rate with every one on a core of its
     own (for utilisation). Starts from the plain bounds (actors, learners, CPU) and lets the processes'
-    busy fractions, their shares of the cores (`core_share`) and the cores' speed (`efficiency_at`)
-    settle."""
+    busy fractions, their shares of the cores (`core_share`; under allreduce each step lasts as long as
+    the slowest learner's, `slowest_step`) and the cores' speed (`efficiency_at`) settle."""
     alone = group_learner_rate(cal, group, mode)
     cpu_bound = cores / (1.0 / actor_rate + 1.0 / alone)
     x = min(producing * actor_rate, learners * alone, cpu_bound)
@@ -328,13 +407,15 @@ def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producin
     crowded = actors + learners > cores
     actor_busy, learner_busy = min(1.0, x / (actors * actor_rate)), 1.0
     for _ in range(20):  # damped fixed point: busy fractions -> shares and speed -> throughput -> busy fractions
-        actor_speed, learner_speed, taken = 1.0, 1.0, 0.0
+        actor_speed, learner_speed, step_speed, taken = 1.0, 1.0, 1.0, 0.0
         if crowded:
             actor_speed, _ = core_share([(actors - 1, actor_busy), (learners, learner_busy)], cores)
-            learner_speed, taken = core_share([(actors, actor_busy), (learners - 1, learner_busy)], cores)
+            others = [(actors, actor_busy), (learners - 1, learner_busy)]
+            learner_speed, taken = core_share(others, cores)
+            step_speed = learner_speed if group == 1 or mode != "allreduce" else 1 / slowest_step(others, cores, group)
         in_use = min(cores, actors * actor_busy * actor_speed + learners * learner_busy * learner_speed)
         speed = efficiency_at(cal.core_efficiency, in_use, cores)
-        learner_rate = group_learner_rate(cal, group, mode, learner_speed * speed, taken)
+        learner_rate = group_learner_rate(cal, group, mode, step_speed * speed, taken)
         bound = min(producing * actor_rate * actor_speed * speed, learners * learner_rate, speed * cpu_bound)
         x = (x + bound) / 2
         actor_busy = min(1.0, x / (actors * actor_rate * actor_speed * speed))
@@ -637,9 +718,11 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     lines.append("  actor env steps/s by envs per actor: "
                  + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
     if cal.sync_measured:
+        trained = (f"; two learners training as a group: {cal.group_learner_rate:,.0f} env steps/s each"
+                   if cal.group_learner_rate else "")
         lines.append(f"  learner group (measured: two learners on this machine, a {4 * cal.parameters / 1e3:,.0f} kB "
-                     f"bucket): all_reduce latency {2 * cal.sync_latency_s * 1e6:,.0f} us, "
-                     f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s")
+                     f"bucket): a collective message {cal.sync_latency_s * 1e6:,.0f} us, "
+                     f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s{trained}")
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     shown = layouts
     if len(layouts) > TABLE_ROWS:
