@@ -174,6 +174,25 @@ def test_smax_qmix_runs_under_ray_with_the_compile_cache(two_nodes, tmp_path):
     assert any((cache / "jax").iterdir()), "no compiled step in the cache"
 
 
+def test_a_sweep_runs_its_trials_on_the_cluster_each_kept_on_one_node(two_nodes, tmp_path):
+    """`tianji sweep --launcher ray --parallel 2`: two trials at once, each an ordinary run whose roles
+    Ray packs onto one node (STRICT_PACK)."""
+    sweep_dir = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-m", "tianji", "sweep", "cartpole-ppo", "--trials", "2", "--parallel", "2",
+                           "--launcher", "ray", "--address", two_nodes.address, "--param",
+                           "algo.lr=loguniform:7e-4:1.5e-3", "--trial-seconds", "120", "--pruner", "none",
+                           "--sweep-dir", str(sweep_dir), "--set", "logging.tensorboard=false"],
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = (sweep_dir / "sweep.csv").read_text().splitlines()[1:]
+    assert len(rows) == 2 and all(row.split(",")[1] == "COMPLETE" for row in rows), rows
+    for trial in ("0000", "0001"):
+        run = sweep_dir / "trials" / trial
+        places = json.loads((run / "placement.json").read_text())
+        assert len({place["node"] for place in places.values()}) == 1, places
+        assert "STRICT_PACK" in (run / "config.yaml").read_text()
+
+
 def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path, capsys):
     cfg = load_config("cartpole-dqn", [
         f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",

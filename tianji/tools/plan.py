@@ -1,6 +1,6 @@
 """Resource mapping by measurement: calibrate one actor and one learner, predict layouts, pick one.
 
-    calibration = calibrate(cfg)                  # ~10-20 s: one actor per envs-per-actor value, one learner
+    calibration = calibrate(cfg, space)           # ~10-30 s: one learner, the cores, a group of two, the actors
     layouts = predict(calibration, cfg, cores=2)  # every candidate (actors, envs per actor)
     chosen = choose(layouts)
 
@@ -12,8 +12,10 @@ Cores are not independent: with every core busy each runs at a measured fraction
 speed (`Calibration.core_efficiency`), and the model slows every process by the share of the cores
 its layout keeps busy. With more processes than cores they also wait for each other (`core_share`):
 a process that wants to run while k others do gets c / (k + 1) of a core, each other process
-wanting one as often as it is busy; and a learner group's collective message that wakes a learner
-while every core is taken waits about a scheduler time slice.
+wanting one as often as it is busy; an allreduce step lasts as long as the slowest learner's; and a
+collective message that wakes a learner while every core is taken waits about a scheduler time
+slice. A collective message costs what two learners training as a group here measured (gloo over
+TCP has a long tail: the mean, not the median, is what training pays).
 Changing envs per actor keeps the fragment size (envs x steps) as configured, so the batch an
 algorithm trains on does not change with the layout.
 
@@ -342,8 +344,8 @@ def group_learner_rate(cal: Calibration, learners: int, mode: str, core_speed: f
                        all_cores_taken: float = 0.0) -> float:
     """Env steps/s one learner of a group consumes. allreduce adds a ring all-reduce to every
     optimizer step: 2 (L - 1) messages of latency and 2 (L - 1) / L of the gradient bytes at the
-    group's bus bandwidth (both measured by a group of two on this machine when learners are planned,
-    see `measure_local_group`); asynchronous averages overlap training. On a shared machine the
+    group's bus bandwidth (measured by a group of two on this machine when learners are planned:
+    `measure_group_training`, `measure_local_group`); asynchronous averages overlap training. On a shared machine the
     learner computes at `core_speed` of a core, and each message that wakes it finds every core
     taken with probability `all_cores_taken` and then waits a time slice (see `core_share`)."""
     update_s = cal.steps_per_update / cal.learner_rate / core_speed
