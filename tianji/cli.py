@@ -320,7 +320,7 @@ def _print_summary(run_dir: Path, summary: dict) -> None:
         table.add_row(key, f"{value:.2f}" if isinstance(value, float) else str(value))
     console = Console()
     console.print(table)
-    console.print(f"run directory: {run_dir}")
+    print(f"run directory: {run_dir}", flush=True)  # never wrapped: scripts and people copy it whole
 
 
 def _raise_interrupt(signum, frame):  # SIGTERM stops a run the way Ctrl-C does
