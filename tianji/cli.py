@@ -155,7 +155,8 @@ def _plan(args: argparse.Namespace) -> int:
     if args.nodes is not None or args.cluster:
         return _plan_cluster(args, cfg, args.cores_per_node or cores)
     space = layout_space(cfg, cores, plan_envs=True, plan_actors=True, plan_learners=True)
-    print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, then one learner",
+    print(f"calibrating {args.config} on this machine: one learner, every core at once, then one actor for each of "
+          f"{space.envs} envs",
           flush=True)
     cal = calibrate(cfg, space)
     layouts = predict(cal, cfg, space, cores)
@@ -185,8 +186,8 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
         raise ConfigError("--nodes, --cores-per-node, --link-gbit and --gpu-learner-rate: expected positive numbers "
                           "(--link-latency-us: zero or more)")
     space = layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
-    print(f"calibrating {args.config} on this machine: one actor for each of {space.envs} envs, one learner, "
-          "a learner group of two", flush=True)
+    print(f"calibrating {args.config} on this machine: one learner, every core at once, a learner group of two, one "
+          f"actor for each of {space.envs} envs", flush=True)
     cal = calibrate(cfg, space, group=True)
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
     if args.cluster:

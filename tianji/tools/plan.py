@@ -528,8 +528,8 @@ def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_
     gpu = "" if gpu_learner_rate is None else f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)"
     lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here{gpu}; "
              f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
-             f"{'measured' if cal.sync_measured else 'assumed'} on this machine: "
-             f"{2 * cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
+             f"{'measured' if cal.sync_measured else 'assumed'} on this machine: a message "
+             f"{cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
              f"  {'nodes':>5} {'group':>5} {'per node: learners x actors x envs':>36} {'pred env steps/s':>17} "
              f"{'speed-up':>8} {'learner util':>12}"]
     for p in predictions:
@@ -719,6 +719,7 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
              f"({cal.steps_per_update:,.0f} per update)"]
     lines.append("  actor env steps/s by envs per actor: "
                  + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
+    lines.append(f"  with every core busy, each runs at {cal.core_efficiency:.0%} of a lone core's speed")
     if cal.sync_measured:
         trained = (f"; two learners training as a group: {cal.group_learner_rate:,.0f} env steps/s each"
                    if cal.group_learner_rate else "")
