@@ -215,6 +215,14 @@ def test_the_cluster_mode_lays_out_a_described_cluster_and_says_why():
     assert "2 node(s) of 40 CPUs" in why and "1 node(s) of 8 CPUs" in why and "1 node(s) with fewer than 2 CPUs" in why
     with pytest.raises(ValueError, match="2 CPUs"):
         plan.plan_cluster(cluster_calibration(), config(), [{"CPU": 1.0}], 1.25e9, 50e-6)
+    # with a GPU learner's rate, the node that has a GPU trains on it: one learner there
+    layouts, _, why = plan.plan_cluster(cluster_calibration(), config(bound=100), nodes, 1.25e9, 50e-6,
+                                        gpu_learner_rate=1e6)
+    assert layouts[0] == layouts[1] and layouts[0].learners > 1  # node 0 lists "GPU": 0.0, node 1 none: CPUs
+    with_gpu = [{"CPU": 40.0, "GPU": 1.0}, {"CPU": 40.0}]
+    layouts, _, why = plan.plan_cluster(cluster_calibration(), config(bound=100), with_gpu, 1.25e9, 50e-6,
+                                        gpu_learner_rate=1e6)
+    assert layouts[0].learners == 1 and "1 node(s) of 40 CPUs and a GPU: 1 learner(s) on the GPU" in why
 
 
 def test_a_process_shares_the_cores_with_the_others_that_want_one():

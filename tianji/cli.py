@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", action="store_true", help="lay out the whole Ray cluster (ray.address, or the "
                       "one `ray start` made here): every node's CPUs, the rates measured on this machine")
     plan.add_argument("--link-gbit", type=float, default=10.0, help="what-if: network between machines, Gbit/s")
-    plan.add_argument("--gpu-learner-rate", type=float, default=None, help="what-if: one learner per node on a GPU "
-                      "that consumes this many env steps/s (measure it on a GPU machine: tianji plan PRESET --set "
+    plan.add_argument("--gpu-learner-rate", type=float, default=None, help="one learner per node on a GPU (with "
+                      "--cluster: per node that has one) that consumes this many env steps/s (measure it on a GPU machine: tianji plan PRESET --set "
                       "learner.device=cuda)")
     plan.add_argument("--link-latency-us", type=float, default=50.0, help="what-if: one message's latency between "
                       "machines, microseconds")
@@ -191,7 +191,7 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     cal = calibrate(cfg, space, group=True)
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
     if args.cluster:
-        return _plan_ray_cluster(cfg, cal, link_bytes, link_latency)
+        return _plan_ray_cluster(cfg, cal, link_bytes, link_latency, args.gpu_learner_rate)
     sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < args.nodes} | {args.nodes})
     predictions = [predict_cluster(cal, cfg, n, cores_per_node, link_bytes, link_latency, args.gpu_learner_rate)
                    for n in sizes]
@@ -199,7 +199,7 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     return 0
 
 
-def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float) -> int:
+def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float, gpu_learner_rate: float | None) -> int:
     from tianji.runtime.launchers.ray import measure_link, node_resources
     from tianji.runtime.launchers.ray_boot import boot
     from tianji.tools.plan import link_from_probe, plan_cluster
@@ -212,7 +212,7 @@ def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float) -> int:
         print(f"link measured between two nodes (a learner group of two over TCP, a {costs['allreduce_bucket_bytes'] / 1e3:,.0f}"
               f" kB bucket): all_reduce latency {costs['allreduce_latency_s'] * 1e6:,.0f} us, "
               f"{costs['allreduce_bytes_per_s'] / 1e6:,.1f} MB/s (used instead of --link-gbit/--link-latency-us)")
-    layouts, total, why = plan_cluster(cal, cfg, nodes, link_bytes, link_latency)
+    layouts, total, why = plan_cluster(cal, cfg, nodes, link_bytes, link_latency, gpu_learner_rate)
     for index, (node, layout) in enumerate(zip([n for n in nodes if n.get("CPU", 0) >= 2], layouts)):
         print(f"node {index}: {node.get('CPU', 0):g} CPUs, {node.get('GPU', 0):g} GPUs -> {layout.learners} learner(s) x "
               f"{layout.actors} actors x {layout.envs_per_actor} envs ({layout.env_steps_per_s:,.0f} env steps/s)")

@@ -495,29 +495,33 @@ def link_from_probe(cal: Calibration, costs: dict[str, float]) -> tuple[float, f
 
 
 def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], link_bytes_per_s: float,
-                 link_latency_s: float) -> tuple[list[Layout], float, str]:
+                 link_latency_s: float, gpu_learner_rate: float | None = None) -> tuple[list[Layout], float, str]:
     """A layout for a described cluster (each alive node's resources, as Ray lists them): every node
-    runs the layout chosen for its own CPUs, actors feeding the learners of their node, and all
-    learners form one group over the link. Returns the layout per node, the predicted env steps/s
-    of the whole cluster, and why."""
+    runs the layout chosen for its own CPUs (and, given `gpu_learner_rate`, one learner on its GPU
+    when it has one), actors feeding the learners of their node, and all learners form one group
+    over the link. Returns the layout per node, the predicted env steps/s of the whole cluster, and why."""
     usable = [n for n in nodes if int(n.get("CPU", 0)) >= 2]  # a node needs a core for a learner and an actor
     if not usable:
         raise ValueError(f"no node of the cluster has 2 CPUs for a learner and an actor: {nodes}")
-    by_size = {int(n["CPU"]): [m for m in usable if int(m["CPU"]) == int(n["CPU"])] for n in usable}
-    chosen = {cpus: predict_cluster(cal, cfg, len(usable), cpus, link_bytes_per_s, link_latency_s).per_node
-              for cpus in by_size}
-    layouts = [chosen[int(n["CPU"])] for n in usable]
+
+    def kind(node: dict[str, float]) -> tuple[int, bool]:
+        return int(node["CPU"]), gpu_learner_rate is not None and node.get("GPU", 0) >= 1
+
+    kinds = sorted({kind(n) for n in usable})
+    chosen = {k: predict_cluster(cal, cfg, len(usable), k[0], link_bytes_per_s, link_latency_s,
+                                 gpu_learner_rate if k[1] else None).per_node for k in kinds}
+    layouts = [chosen[kind(n)] for n in usable]
     total = sum(layout.env_steps_per_s for layout in layouts)
     group = sum(layout.learners for layout in layouts)
-    kinds = "; ".join(f"{len(group_nodes)} node(s) of {cpus} CPUs: {chosen[cpus].learners} learner(s) x "
-                      f"{chosen[cpus].actors} actors x {chosen[cpus].envs_per_actor} envs, bounded by "
-                      f"{'the learners' if chosen[cpus].idle_side == 'actors' else 'the actors' if chosen[cpus].idle_side == 'learner' else 'both'}"
-                      for cpus, group_nodes in sorted(by_size.items()))
+    bound = {"actors": "the learners", "learner": "the actors", "neither": "both"}
+    described = "; ".join(f"{sum(kind(n) == k for n in usable)} node(s) of {k[0]} CPUs{' and a GPU' if k[1] else ''}: "
+                          f"{chosen[k].learners} learner(s){' on the GPU' if k[1] else ''} x {chosen[k].actors} actors x "
+                          f"{chosen[k].envs_per_actor} envs, bounded by {bound[chosen[k].idle_side]}" for k in kinds)
     skipped = len(nodes) - len(usable)
-    link = (f"across the link ({link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us)" if len(usable) > 1
-            else "on the node")
-    why = (f"why: {kinds}; {group} learners in one {cfg.sync.mode} group {link}; predicted {total:,.0f} env steps/s"
-           + (f"; {skipped} node(s) with fewer than 2 CPUs left out" if skipped else ""))
+    link = (f"across the link ({link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, {link_latency_s * 1e6:.0f} us)"
+            if len(usable) > 1 else "on the node")
+    why = (f"why: {described}; {group} learners in one {cfg.sync.mode} group {link}; predicted {total:,.0f} env "
+           f"steps/s" + (f"; {skipped} node(s) with fewer than 2 CPUs left out" if skipped else ""))
     return layouts, total, why
 
 
