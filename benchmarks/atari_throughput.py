@@ -26,7 +26,7 @@ import torch
 from tianji.config import load_config
 from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
-from tianji.tools.plan import available_cores
+from tianji.tools.calibration import available_cores
 
 
 def raw_env_rate(cfg, seconds: float) -> float:

@@ -36,7 +36,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tianji.config import load_config
-from tianji.tools import plan
+from tianji.tools import calibration, plan
 
 LAYOUTS = ((1, 1), (1, 2), (2, 2))  # (learners, actors) that fit 2 cores
 # predicted clusters: CPU learners as the planner lays them out, or one GPU learner per node
@@ -91,34 +91,34 @@ def median_run(runs: list[dict]) -> dict:
     return {**ranked[len(ranked) // 2], "runs_env_steps_per_s": [run["env_steps_per_s"] for run in runs]}
 
 
-def predicted(cal: plan.Calibration, cfg, learners: int, actors: int, cores: int) -> dict:
+def predicted(cal: calibration.Calibration, cfg, learners: int, actors: int, cores: int) -> dict:
     envs = cfg.topology.envs_per_actor
-    space = plan.Space(envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs,
+    space = calibration.Space(envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs,
                        learners=(learners,))
     layout = next(c for c in plan.predict(cal, cfg, space, cores) if (c.learners, c.actors) == (learners, actors))
     return {"env_steps_per_s": layout.env_steps_per_s, "learner_busy": layout.learner_utilization,
             "policy_lag_max": layout.max_lag}
 
 
-def calibrated(preset: str, cores_per_node: int) -> tuple[object, plan.Calibration]:
+def calibrated(preset: str, cores_per_node: int) -> tuple[object, calibration.Calibration]:
     """The planner's calibration, in a fresh interpreter as `tianji plan` does it: a process that has
     already stepped another preset's envs (ALE's above all) trains 15-25 % slower."""
     cfg = load_config(preset, [])
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
         raw = json.loads(fresh.submit(_calibrate, preset, cores_per_node).result())
     raw["actor_rates"] = {int(k): v for k, v in raw["actor_rates"].items()}
-    return cfg, plan.Calibration(**raw)
+    return cfg, calibration.Calibration(**raw)
 
 
 def _calibrate(preset: str, cores_per_node: int) -> str:
     cfg = load_config(preset, [])
     space = plan.layout_space(cfg, cores_per_node, plan_envs=True, plan_actors=True, plan_learners=True)
     space = replace(space, envs=sorted({*space.envs, cfg.topology.envs_per_actor}))
-    return json.dumps(asdict(plan.calibrate(cfg, space, group=True)))
+    return json.dumps(asdict(calibration.calibrate(cfg, space, group=True)))
 
 
 def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:
-    cores = plan.available_cores()
+    cores = calibration.available_cores()
     cfg, cal = calibrated(preset, args.cores_per_node)
     runs = {("one machine", *layout): [] for layout in LAYOUTS}
     for repeat in range(args.repeats):

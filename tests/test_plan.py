@@ -9,8 +9,9 @@ import pytest
 
 from tianji.config import load_config
 from tianji.runtime.roles.build import build_actor, build_learner
-from tianji.tools import plan
-from tianji.tools.plan import Calibration, Space, choose, layout_space, predict
+from tianji.tools import calibration, plan
+from tianji.tools.calibration import Calibration, Space
+from tianji.tools.plan import choose, layout_space, predict
 
 
 def config(bound=8, **topology):
@@ -164,7 +165,7 @@ def test_layout_space_plans_learners_up_to_half_the_cores():
 
 
 def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
-    costs = plan.measure_local_group(10_000)  # two processes, gloo over loopback, the learners' own probe
+    costs = calibration.measure_local_group(10_000)  # two processes, gloo over loopback, the learners' own probe
     assert costs["allreduce_bucket_bytes"] == 40_000
     # (no order between the two: on a loaded machine one number can take longer than the bucket)
     assert 0 < costs["allreduce_latency_s"] < 1 and 0 < costs["allreduce_bucket_s"] < 1
@@ -261,10 +262,10 @@ def test_more_processes_than_cores_and_busy_cores_slow_a_layout_down():
 
 def test_the_cores_efficiency_is_measured_with_the_learner_on_every_core():
     cfg = config()
-    layout = plan.with_layout(cfg, 1, 32, 2048)
-    efficiency = plan.measure_core_efficiency(layout, 2, build_actor, build_learner, seconds=0.3)
+    layout = calibration.with_layout(cfg, 1, 32, 2048)
+    efficiency = calibration.measure_core_efficiency(layout, 2, build_actor, build_learner, seconds=0.3)
     assert 0 < efficiency <= 1  # measured alone and on both cores, in forked copies
-    assert plan.measure_core_efficiency(layout, 1, build_actor, build_learner) == 1.0  # one core: nothing to share
+    assert calibration.measure_core_efficiency(layout, 1, build_actor, build_learner) == 1.0  # one core: nothing to share
 
 
 def test_the_cluster_what_if_with_one_gpu_learner_per_node():
@@ -285,8 +286,8 @@ def test_the_cluster_what_if_with_one_gpu_learner_per_node():
 
 def test_two_learners_training_as_a_group_price_each_collective_message():
     # each step of the group takes 5 ms more than alone; less the bucket's 1 ms, over two messages
-    assert plan.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.0) == pytest.approx(0.002)
-    assert plan.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.003) == 0.003  # never below the probe
-    layout = plan.with_layout(config(), 1, 32, 2048)
-    rate = plan.measure_group_training(layout, updates_per_s=10.0, seconds=0.3)  # two forked learners, gloo
+    assert calibration.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.0) == pytest.approx(0.002)
+    assert calibration.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.003) == 0.003  # never below the probe
+    layout = calibration.with_layout(config(), 1, 32, 2048)
+    rate = calibration.measure_group_training(layout, updates_per_s=10.0, seconds=0.3)  # two forked learners, gloo
     assert rate > 0

@@ -18,7 +18,7 @@ from conftest import wait_for
 from tianji.config import load_config
 from tianji.runtime.launchers.ray import measure_link, node_resources
 from tianji.runtime.launchers.ray_boot import boot
-from tianji.tools import plan
+from tianji.tools import calibration, plan
 from tianji.tools.train import train
 
 ray = pytest.importorskip("ray")
@@ -102,7 +102,7 @@ def test_the_planner_measures_the_link_between_two_nodes_and_lays_out_the_cluste
     costs = measure_link(ray, parameters=10_000)
     assert costs["allreduce_bucket_bytes"] == 40_000 and len(set(costs["nodes"])) == 2
     assert 0 < costs["allreduce_latency_s"] < 5 and 0 < costs["allreduce_bucket_s"] < 5
-    cal = plan.Calibration({k: 2_000.0 * k for k in plan.ENV_CHOICES}, learner_rate=30_000.0, steps_per_update=2048,
+    cal = calibration.Calibration({k: 2_000.0 * k for k in plan.ENV_CHOICES}, learner_rate=30_000.0, steps_per_update=2048,
                            fragment_steps=512, seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
                            sync_measured=True)
     link_bytes, link_latency = plan.link_from_probe(cal, costs)

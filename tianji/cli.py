@@ -136,9 +136,8 @@ def _add_sweep_parser(sub) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from tianji.config import ConfigError, load_config
+    from tianji.tools.calibration import available_cores, calibrate
     from tianji.tools.plan import (
-        available_cores,
-        calibrate,
         choose,
         explain,
         format_table,
@@ -179,7 +178,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     from tianji.config import ConfigError
-    from tianji.tools.plan import calibrate, format_cluster, layout_space, predict_cluster
+    from tianji.tools.calibration import calibrate
+    from tianji.tools.plan import format_cluster, layout_space, predict_cluster
 
     if (args.nodes or 1) < 1 or cores_per_node < 1 or args.link_gbit <= 0 or args.link_latency_us < 0 \
             or (args.gpu_learner_rate is not None and args.gpu_learner_rate <= 0):
