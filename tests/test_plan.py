@@ -8,7 +8,6 @@ import json
 import pytest
 
 from tianji.config import load_config
-from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools import calibration, plan
 from tianji.tools.calibration import Calibration, Space
 from tianji.tools.plan import choose, layout_space, predict
@@ -236,8 +235,8 @@ def test_a_process_shares_the_cores_with_the_others_that_want_one():
     assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=1) == pytest.approx(0.75 + 0.25 * 1.5)
     assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=2) == pytest.approx(0.75 ** 2 + (1 - 0.75 ** 2) * 1.5)
     assert plan.slowest_step([(3, 0.0)], cores=1, members=8) == pytest.approx(1.0)
-    assert plan.efficiency_at(0.7, 1.0, 4) == 1.0 and plan.efficiency_at(0.7, 4.0, 4) == pytest.approx(0.7)
-    assert plan.efficiency_at(0.7, 2.5, 4) == pytest.approx(0.85)
+    assert calibration.efficiency_at(0.7, 1.0, 4) == 1.0 and calibration.efficiency_at(0.7, 4.0, 4) == pytest.approx(0.7)
+    assert calibration.efficiency_at(0.7, 2.5, 4) == pytest.approx(0.85)
 
 
 def test_more_processes_than_cores_and_busy_cores_slow_a_layout_down():
@@ -263,9 +262,9 @@ def test_more_processes_than_cores_and_busy_cores_slow_a_layout_down():
 def test_the_cores_efficiency_is_measured_with_the_learner_on_every_core():
     cfg = config()
     layout = calibration.with_layout(cfg, 1, 32, 2048)
-    efficiency = calibration.measure_core_efficiency(layout, 2, build_actor, build_learner, seconds=0.3)
+    efficiency = calibration.measure_core_efficiency(layout, 2, seconds=0.3)
     assert 0 < efficiency <= 1  # measured alone and on both cores, in forked copies
-    assert calibration.measure_core_efficiency(layout, 1, build_actor, build_learner) == 1.0  # one core: nothing to share
+    assert calibration.measure_core_efficiency(layout, 1) == 1.0  # one core: nothing to share
 
 
 def test_the_cluster_what_if_with_one_gpu_learner_per_node():

@@ -320,3 +320,18 @@ def test_sweep_of_cartpole_ppo_end_to_end(tmp_path):
     assert rows[0].startswith("trial,state,time_to_target,algo.lr,algo.epochs")
     best_row = rows[1].split(",")
     assert best_row[1] == "COMPLETE" and float(best_row[3]) == best.algo.lr and int(best_row[4]) == best.algo.epochs
+
+
+def test_settings_that_would_stop_every_trial_are_refused(tmp_path):
+    for bad, message in (({"max_minutes": 0}, "--max-minutes"), ({"silent_s": 0}, "--silent-s"),
+                         ({"grace_s": -1}, "--grace-s")):
+        with pytest.raises(ConfigError, match=message):
+            new_sweep(tmp_path / str(len(message)), trials=1, **bad)
+
+
+def test_a_missed_target_keeps_its_penalised_value_at_later_report_points(tmp_path):
+    sweep = Sweep(new_sweep(tmp_path, trials=1), quiet())
+    reached, missed = 4.0, sweep.objective.penalised(300.0)  # budget 40 s
+    assert sweep.value_at(2, reached) == sweep.objective.penalised(sweep.objective.target)  # not there yet at 2 s
+    assert sweep.value_at(6, reached) == reached
+    assert sweep.value_at(2, missed) == missed  # never "nearly there": what it ended with

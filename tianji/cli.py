@@ -209,9 +209,9 @@ def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float, gpu_lear
     costs = measure_link(booted.ray, cal.parameters) if len(nodes) > 1 else None
     if costs is not None:  # the link the learners' collectives will cross, measured as they will use it
         link_bytes, link_latency = link_from_probe(cal, costs)
-        print(f"link measured between two nodes (a learner group of two over TCP, a {costs['allreduce_bucket_bytes'] / 1e3:,.0f}"
-              f" kB bucket): all_reduce latency {costs['allreduce_latency_s'] * 1e6:,.0f} us, "
-              f"{costs['allreduce_bytes_per_s'] / 1e6:,.1f} MB/s (used instead of --link-gbit/--link-latency-us)")
+        print(f"link measured between two nodes (a learner group of two over TCP): all_reduce of one number "
+              f"{costs['allreduce_latency_s'] * 1e6:,.0f} us, {costs['allreduce_bytes_per_s'] / 1e6:,.1f} MB/s "
+              "(used instead of --link-gbit/--link-latency-us)")
     layouts, total, why = plan_cluster(cal, cfg, nodes, link_bytes, link_latency, gpu_learner_rate)
     for index, (node, layout) in enumerate(zip([n for n in nodes if n.get("CPU", 0) >= 2], layouts)):
         print(f"node {index}: {node.get('CPU', 0):g} CPUs, {node.get('GPU', 0):g} GPUs -> {layout.learners} learner(s) x "
@@ -246,9 +246,14 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from tianji.config import ConfigError, load_config
-    from tianji.tools.sweep.report import format_table, trial_rows
-    from tianji.tools.sweep.space import resolve_space
-    from tianji.tools.sweep.study import Sweep, SweepSettings, create_sweep, load_settings, save_settings
+    try:
+        from tianji.tools.sweep.report import format_table, trial_rows
+        from tianji.tools.sweep.space import resolve_space
+        from tianji.tools.sweep.study import Sweep, SweepSettings, create_sweep, load_settings, save_settings
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("optuna", "matplotlib"):
+            raise
+        raise ConfigError(f"tianji sweep needs {exc.name}: pip install 'tianji[sweep]'") from None
 
     if args.resume:
         sweep_dir = Path(args.resume)
@@ -283,7 +288,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if outcome != "done":
         print(f"sweep {'interrupted' if outcome == 'interrupted' else 'out of time'}; continue it with "
               f"tianji sweep --resume {sweep_dir}")
-    return 0
+    return {"done": 0, "time": 3}.get(outcome, 130)  # scripts can tell a finished sweep from a stopped one
 
 
 def _resolve_config(args: argparse.Namespace):

@@ -91,13 +91,23 @@ def measure_group(parameters: int, device: torch.device | str = "cpu", repeats: 
 
     latency, full = mean_s(small), mean_s(bucket)
     # the bandwidth from at least 1 MiB: a small model's bucket takes hardly longer than one number,
-    # and the difference of two noisy medians would be mostly noise
+    # and the difference of those two times would be mostly noise
     wide = bucket if bucket.numel() >= BANDWIDTH_PROBE_FLOATS else torch.zeros(BANDWIDTH_PROBE_FLOATS, device=device)
     wide_s = full if wide is bucket else mean_s(wide)
     world = dist.get_world_size()
     moved = 2 * (world - 1) / world * wide.element_size() * wide.numel()
     return {"allreduce_latency_s": latency, "allreduce_bucket_bytes": float(bucket.element_size() * bucket.numel()),
-            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / max(wide_s - latency, 1e-9)}
+            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / (wide_s - latency if wide_s > 2 * latency
+                                                                           else wide_s)}
+
+
+def probe_group(spec: GroupSpec, parameters: int) -> dict[str, float]:
+    """Join the group `spec` names, run `measure_group` with every other rank, leave."""
+    join_group(spec)
+    try:
+        return measure_group(parameters)
+    finally:
+        leave_group()
 
 
 def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> None:

@@ -2,7 +2,7 @@
 value, the cores and a learner group of two do on this machine.
 
     space = Space(envs=[16, 32], actors=[1, 2], fragment_steps=2048, preferred_envs=32, learners=(1, 2))
-    calibration = calibrate(cfg, space)     # ~10-30 s, in this process (the planner runs it in a child)
+    calibration = calibrate(cfg, space)     # ~10-30 s (the planner runs it in a child process)
 
 Every rate is measured where a run would see it: the learner first (after the actors' envs, ALE's
 above all, it trained 15-20 % slower than in a fresh process), every core busy at once against one
@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from tianji.config import Config, build_config
 from tianji.runtime.launchers.local import free_loopback_port
 from tianji.runtime.roles.build import build_actor, build_learner
-from tianji.runtime.sync import GroupSpec, join_group, leave_group, make_sync, measure_group
+from tianji.runtime.sync import GroupSpec, join_group, leave_group, make_sync, probe_group
 from tianji.runtime.transport.links import die_with_parent
 
 SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners, until measured
 SYNC_BANDWIDTH = 1e9  # bytes/s between learners, until measured
+MAX_COPIES = 16  # the core-efficiency measurement runs at most this many learners at once
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,10 @@ class Calibration:
     optimizer_steps_per_update: float = 1.0  # gradient steps in one update (one collective each under allreduce)
     parameters: int = 0  # trained parameters (what a learner group keeps in step)
     # a learner group's collectives: measured by a group of two on this machine when learners are planned
-    sync_latency_s: float = SYNC_LATENCY_S  # one message: half an all_reduce of one number between two
-    sync_bytes_per_s: float = SYNC_BANDWIDTH  # bus bandwidth of an all_reduce of the model's gradients
+    sync_latency_s: float = SYNC_LATENCY_S  # one message, as two learners training as a group pay it
+    sync_bytes_per_s: float = SYNC_BANDWIDTH  # bus bandwidth of an all_reduce (a probe of at least 1 MiB)
     sync_measured: bool = False
+    probe_latency_s: float = SYNC_LATENCY_S  # one message of the probe: half an all_reduce of one number
     # every core busy at once runs each at this fraction of a lone core's speed (shared caches, memory,
     # SMT siblings): the learner's update loop on all cores at once vs alone; 1.0 until measured
     core_efficiency: float = 1.0
@@ -82,26 +85,29 @@ def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int, learne
 
 def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5,
               group: bool = False) -> Calibration:
-    """Measure one actor per envs-per-actor value and one learner, each on one core, in this process;
-    and a learner group of two when the space plans learners or `group` asks (a cluster what-if)."""
+    """Measure one learner and one actor per envs-per-actor value, each on one core, in this process;
+    the cores all busy at once, and a learner group of two when the space plans learners or `group`
+    asks (a cluster what-if), in processes forked from it."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     # the learner first: measured after the actors' envs (ALE's above all) it ran 15-20 % slower than in
     # a fresh process, as it does in a run
     layout = with_layout(cfg, 1, space.preferred_envs, space.fragment_steps)
-    learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, build_actor, build_learner,
-                                                                               learner_seconds)
-    efficiency = measure_core_efficiency(layout, available_cores(), build_actor, build_learner)
+    learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, learner_seconds)
+    cores = available_cores()
+    efficiency = measure_core_efficiency(layout, cores)
     sync = {}
     if group or max(space.learners) > 1:
         costs = measure_local_group(parameters)
-        sync = {"sync_latency_s": costs["allreduce_latency_s"] / 2,  # a ring of two: two messages
+        probed = costs["allreduce_latency_s"] / 2  # a ring of two: two messages
+        sync = {"sync_latency_s": probed, "probe_latency_s": probed,
                 "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
-        if available_cores() >= 2:  # what a step's collective really costs two training learners
-            sync["group_learner_rate"] = measure_group_training(layout, learner_rate / steps_per_update)
-            sync["sync_latency_s"] = message_latency(sync["group_learner_rate"], learner_rate, steps_per_update,
-                                                     gradient_steps, 4 * parameters / costs["allreduce_bytes_per_s"],
-                                                     sync["sync_latency_s"])
+        if cores >= 2:  # what a step's collective really costs two training learners
+            grouped = measure_group_training(layout, learner_rate / steps_per_update)
+            two_busy = learner_rate * efficiency_at(efficiency, 2, cores)  # what each would do without the group
+            sync["group_learner_rate"] = grouped
+            sync["sync_latency_s"] = message_latency(grouped, two_busy, steps_per_update, gradient_steps,
+                                                     4 * parameters / costs["allreduce_bytes_per_s"], probed)
     rates = {}
     for k in space.envs:
         actor = build_actor(with_layout(cfg, 1, k, space.fragment_steps), 0)
@@ -115,39 +121,30 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
                        gradient_steps, parameters, core_efficiency=efficiency, **sync)
 
 
-def measure_core_efficiency(layout: Config, cores: int, build_actor, build_learner, seconds: float = 2.0) -> float:
+def efficiency_at(core_efficiency: float, cores_in_use: float, cores: int) -> float:
+    """Speed of each busy core as a fraction of a lone core's: 1 with one core in use, the measured
+    `core_efficiency` with all of them, in between linearly."""
+    if cores < 2 or cores_in_use <= 1:
+        return 1.0
+    return 1.0 - (1.0 - core_efficiency) * min(1.0, (cores_in_use - 1) / (cores - 1))
+
+
+def measure_core_efficiency(layout: Config, cores: int, seconds: float = 2.0) -> float:
     """How fast each core runs while all are busy, as a fraction of one core alone: the learner's update
-    loop in one process, then in `cores` processes that start together (after their warm-up) and time
-    the same window; both measured the same way, in processes forked from this one."""
+    loop in one process, then in `cores` processes (at most MAX_COPIES) that start together after their
+    warm-up and time the same window; both measured the same way, on the CPU, in forked processes."""
     if cores < 2:
         return 1.0
-    lone = _rates_on_cores(layout, 1, seconds, build_actor, build_learner)
-    together = _rates_on_cores(layout, cores, seconds, build_actor, build_learner)
+    cpu = on_cpu(layout)  # the cores are what is measured (and CUDA cannot be used again in a forked child)
+    copies = min(cores, MAX_COPIES)
+    lone = in_processes("core efficiency (one core)", _timed_learner, [(cpu, seconds, None)])
+    start = process_context().Barrier(copies)
+    together = in_processes("core efficiency (every core)", _timed_learner, [(cpu, seconds, start)] * copies)
     return min(1.0, sum(together) / len(together) / lone[0])
 
 
-def _rates_on_cores(layout: Config, copies: int, seconds: float, build_actor, build_learner) -> list[float]:
-    ctx = process_context()
-    results = ctx.Queue()
-    start = ctx.Barrier(copies)
-    processes = [ctx.Process(target=_busy_core, args=(layout, seconds, start, results, os.getpid(), build_actor,
-                                                      build_learner)) for _ in range(copies)]
-    for process in processes:
-        process.start()
-    try:
-        return [results.get(timeout=60) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-
-
-def _busy_core(layout: Config, seconds: float, start: Any, results: Any, parent_pid: int, build_actor,
-               build_learner) -> None:
-    die_with_parent(parent_pid)
-    torch.set_num_threads(1)
-    results.put(_learner_rate(layout, build_actor, build_learner, seconds, start)[0])
+def _timed_learner(layout: Config, seconds: float, start: Any) -> float:
+    return _learner_rate(layout, seconds, start)[0]
 
 
 def measure_group_training(layout: Config, updates_per_s: float, seconds: float = 2.0,
@@ -156,30 +153,17 @@ def measure_group_training(layout: Config, updates_per_s: float, seconds: float 
     (gloo over loopback, a core each): every optimizer step's collective at its real cost, the long
     tail of its waits, the flattening and the slower of the two included."""
     updates = max(3, round(seconds * updates_per_s))  # the same count on both: neither is left waiting
-    ctx = process_context()
-    results = ctx.Queue()
     port = free_loopback_port()
-    ranks = [ctx.Process(target=_group_learner, args=(layout, GroupSpec(rank, 2, "127.0.0.1", port, timeout_s),
-                                                      updates, results, os.getpid())) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        rates = [results.get(timeout=timeout_s + 60) for _ in ranks]
-    finally:
-        for process in ranks:
-            process.join(5)
-            if process.is_alive():
-                process.kill()
+    rates = in_processes("learner group training", _group_learner,
+                         [(on_cpu(layout), GroupSpec(rank, 2, "127.0.0.1", port, timeout_s), updates)
+                          for rank in range(2)], timeout_s + 60)
     return sum(rates) / len(rates)
 
 
-def _group_learner(layout: Config, spec: GroupSpec, updates: int, results: Any, parent_pid: int) -> None:
-    die_with_parent(parent_pid)
-    torch.set_num_threads(1)
+def _group_learner(layout: Config, spec: GroupSpec, updates: int) -> float:
     join_group(spec)
     try:
-        results.put(_learner_rate(layout, build_actor, build_learner, 0.0, group_sync=make_sync("allreduce", 2),
-                                  updates=updates)[0])
+        return _learner_rate(layout, 0.0, group_sync=make_sync("allreduce", 2), updates=updates)[0]
     finally:
         leave_group()
 
@@ -187,43 +171,68 @@ def _group_learner(layout: Config, spec: GroupSpec, updates: int, results: Any, 
 def message_latency(group_rate: float, learner_rate: float, steps_per_update: float, optimizer_steps: float,
                     bucket_s: float, probed: float) -> float:
     """One collective message's cost as two training learners pay it: what a step of theirs takes
-    beyond a lone learner's, less the bucket's transfer, over the ring's two messages (never below
-    what the probe measured)."""
+    beyond a learner's alone (`learner_rate`: with as many cores busy), less the bucket's transfer,
+    over the ring's two messages (never below what the probe measured)."""
     per_step = (steps_per_update / group_rate - steps_per_update / learner_rate) / max(optimizer_steps, 1.0)
     return max(probed, (per_step - bucket_s) / 2)
 
 
 def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 60.0) -> dict[str, float]:
     """A learner group's collective costs on this machine: `learners` processes form a gloo group
-    over loopback and run the probe every learner group runs at start (`measure_group`), with a
+    over loopback and run the probe every learner group runs at start (`probe_group`), with a
     bucket of the model's size."""
-    ctx = process_context()
-    results, sender = ctx.Pipe(duplex=False)
     port = free_loopback_port()
-    ranks = [ctx.Process(target=_probe_rank, args=(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s),
-                                                   parameters, sender if rank == 0 else None, os.getpid()))
-             for rank in range(learners)]
-    for process in ranks:
+    return in_processes("learner group probe", probe_group, [(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s),
+                                                              parameters) for rank in range(learners)],
+                        timeout_s + 30)[0]
+
+
+def in_processes(what: str, target: Callable[..., Any], args: list[tuple[Any, ...]],
+                 timeout_s: float = 120.0) -> list[Any]:
+    """`target(*a)` for each `a` in `args`, each in a process forked (or spawned) from this one, on
+    one torch thread; their results in order. A child's exception, or one that dies or does not
+    finish within `timeout_s`, is a RuntimeError naming `what`; the others are stopped."""
+    ctx = process_context()
+    results = ctx.Queue()
+    processes = [ctx.Process(target=_child, args=(results, index, target, a, os.getpid()))
+                 for index, a in enumerate(args)]
+    for process in processes:
         process.start()
-    sender.close()
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
     try:
-        if not results.poll(timeout_s):
-            raise RuntimeError(f"the learner-group probe did not finish within {timeout_s:.0f} s")
-        return results.recv()
+        while len(got) < len(processes):
+            try:
+                index, status, value = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"{what}: a process {'exited with ' + str(dead[0]) if dead else 'timed out'}")
+                continue
+            if status == "error":
+                raise RuntimeError(f"{what}: {value}")
+            got[index] = value
+        return [got[index] for index in range(len(processes))]
     finally:
-        for process in ranks:
-            process.join(5)
+        for process in processes:
+            process.join(5 if len(got) == len(processes) else 0.1)
             if process.is_alive():
                 process.kill()
 
 
-def _probe_rank(spec: GroupSpec, parameters: int, results: Any, parent_pid: int) -> None:
+def _child(results: Any, index: int, target: Callable[..., Any], args: tuple[Any, ...], parent_pid: int) -> None:
     die_with_parent(parent_pid)
-    join_group(spec)
-    costs = measure_group(parameters)
-    leave_group()
-    if results is not None:
-        results.send(costs)
+    torch.set_num_threads(1)
+    try:
+        results.put((index, "ok", target(*args)))
+    except Exception as exc:  # the parent raises it, naming the measurement
+        results.put((index, "error", f"{type(exc).__name__}: {exc}"))
+
+
+def on_cpu(layout: Config) -> Config:
+    raw = layout.model_dump(mode="json")
+    raw["learner"]["device"] = "cpu"
+    return build_config(raw)
 
 
 class _CountingHook:
@@ -240,8 +249,8 @@ class _CountingHook:
             self.group_sync.gradients(params)
 
 
-def _learner_rate(layout: Config, build_actor, build_learner, seconds: float, start: Any = None,
-                  group_sync: Any = None, updates: int | None = None) -> tuple[float, float, float, int]:
+def _learner_rate(layout: Config, seconds: float, start: Any = None, group_sync: Any = None,
+                  updates: int | None = None) -> tuple[float, float, float, int]:
     """Env steps/s one learner consumes, fed as fast as its balance rules allow; env steps, optimizer
     steps per update, and the number of trained parameters. `start`: a barrier to time from, after
     the warm-up (several copies timing the same window). `group_sync`: the learner's group (then
@@ -274,9 +283,9 @@ def _learner_rate(layout: Config, build_actor, build_learner, seconds: float, st
     while (time.perf_counter() - t0 < seconds) if updates is None else (learner.updates - updates_before < updates):
         feed_or_train()
     steps = (fed - fed_before) * fragments[0].env_steps
-    updates = max(1, learner.updates - updates_before)
+    timed_updates = max(1, learner.updates - updates_before)
     parameters = sum(p.numel() for p in learner.algo.parameters())
-    return steps / (time.perf_counter() - t0), steps / updates, hook.calls / max(1, learner.updates), parameters
+    return steps / (time.perf_counter() - t0), steps / timed_updates, hook.calls / max(1, learner.updates), parameters
 
 
 def process_context() -> Any:

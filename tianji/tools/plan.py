@@ -46,6 +46,7 @@ from tianji.tools.calibration import (
     Space,
     available_cores,
     calibrate,
+    efficiency_at,
     process_context,
     with_layout,
 )
@@ -54,6 +55,7 @@ ENV_CHOICES = (4, 8, 16, 32, 64, 128)
 ACTOR_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_ACTORS = 128
 TABLE_ROWS = 30  # `tianji plan` prints the fastest layouts (and the chosen one) when there are more
+CALIBRATION_VERSION = 2  # part of the cache key: a calibration measured another way is measured again
 TIE = 0.05  # layouts within 5 % of the best throughput count as equally fast
 HEADROOM = 0.25  # preferred slack on the side that idles
 SCHEDULER_SLICE_S = 3e-3  # a woken process that finds every core taken waits about this long (Linux's slice)
@@ -136,14 +138,6 @@ def _others_wanting(others: list[tuple[int, float]]) -> np.ndarray:
     return wanting
 
 
-def efficiency_at(core_efficiency: float, cores_in_use: float, cores: int) -> float:
-    """Speed of each busy core as a fraction of a lone core's: 1 with one core in use, the measured
-    `core_efficiency` with all of them, in between linearly."""
-    if cores < 2 or cores_in_use <= 1:
-        return 1.0
-    return 1.0 - (1.0 - core_efficiency) * min(1.0, (cores_in_use - 1) / (cores - 1))
-
-
 def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producing: float, learners: int,
                       group: int, mode: str, cores: int) -> tuple[float, float]:
     """Env steps/s of `actors` actors and `learners` learners sharing `cores` cores (the learners are
@@ -180,8 +174,8 @@ def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producin
 
 
 def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1) -> list[Layout]:
-    """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, each
-    learner consumes `cal.learner_rate` on its own core, and all share the machine's cores. With
+    """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, and all
+    share the machine's cores (`shared_throughput`). With
     `replicas` machines running the same layout, the learners of all of them form one group (the
     collective's ring is `replicas` times longer; pass `cal` with the link's costs)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
@@ -240,7 +234,7 @@ def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: i
 def link_from_probe(cal: Calibration, costs: dict[str, float]) -> tuple[float, float]:
     """The link (bytes/s, one message's latency) that a group probe across two nodes measured, in the
     terms `predict_cluster` adds to the group costs measured on one machine."""
-    return costs["allreduce_bytes_per_s"], max(0.0, costs["allreduce_latency_s"] / 2 - cal.sync_latency_s)
+    return costs["allreduce_bytes_per_s"], max(0.0, costs["allreduce_latency_s"] / 2 - cal.probe_latency_s)
 
 
 def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], link_bytes_per_s: float,
@@ -393,7 +387,7 @@ def cache_key(cfg: Config, space: Space) -> str:
     raw = cfg.model_dump(mode="json")
     relevant = {k: raw[k] for k in ("env", "algo", "balance")}
     relevant["space"] = asdict(space)
-    blob = json.dumps({"machine": _machine(), "config": relevant}, sort_keys=True)
+    blob = json.dumps({"machine": _machine(), "config": relevant, "version": CALIBRATION_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -468,8 +462,8 @@ def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
     if cal.sync_measured:
         trained = (f"; two learners training as a group: {cal.group_learner_rate:,.0f} env steps/s each"
                    if cal.group_learner_rate else "")
-        lines.append(f"  learner group (measured: two learners on this machine, a {4 * cal.parameters / 1e3:,.0f} kB "
-                     f"bucket): a collective message {cal.sync_latency_s * 1e6:,.0f} us, "
+        lines.append(f"  learner group (measured: two learners on this machine): a collective message "
+                     f"{cal.sync_latency_s * 1e6:,.0f} us (the probe's: {cal.probe_latency_s * 1e6:,.0f} us), "
                      f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s{trained}")
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     shown = layouts

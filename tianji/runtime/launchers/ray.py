@@ -33,7 +33,7 @@ from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
 from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, Booted, RayNodeHost, booted
 from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
-from tianji.runtime.sync import GroupSpec, join_group, leave_group, measure_group
+from tianji.runtime.sync import GroupSpec, probe_group
 from tianji.runtime.transport.links import (
     ControlChannel,
     Endpoints,
@@ -158,20 +158,12 @@ def measure_link(ray: Any, parameters: int, timeout_s: float = 120.0) -> dict[st
     host = alive[0]["NodeManagerAddress"]
     port, = ray.get(ray.remote(RayNodeHost.free_ports).options(num_cpus=0, scheduling_strategy=pinned[0]).remote(host, 1),
                     timeout=timeout_s)
-    probe = ray.remote(_probe_rank)
+    probe = ray.remote(probe_group)
     ranks = [probe.options(num_cpus=0, scheduling_strategy=where).remote(GroupSpec(rank, 2, host, port, timeout_s),
                                                                           parameters)
              for rank, where in enumerate(pinned)]
     costs = ray.get(ranks, timeout=timeout_s)[0]
     return {**costs, "nodes": [node["NodeID"] for node in alive]}
-
-
-def _probe_rank(spec: GroupSpec, parameters: int) -> dict[str, float]:
-    join_group(spec)
-    try:
-        return measure_group(parameters)
-    finally:
-        leave_group()
 
 
 class RayRoles:

@@ -171,8 +171,9 @@ def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket) 
     if costs is None:
         log.warning("%s: the learner did not echo the link probe in time; link not measured", name)
         return
-    log.info("%s: link to its learner: %.0f us, %.0f MB/s (a %.1f MB probe)", name, costs["link_latency_s"] * 1e6,
-             costs["link_bytes_per_s"] / 1e6, costs["link_probe_bytes"] / 1e6)
+    rate = costs.get("link_bytes_per_s")
+    log.info("%s: link to its learner: %.0f us, %s (%.1f MB probes)", name, costs["link_latency_s"] * 1e6,
+             f"{rate / 1e6:.0f} MB/s" if rate else "rate hidden in the noise", costs["link_probe_bytes"] / 1e6)
     events.send(pack_header(measured(name, costs)))
 
 
@@ -283,7 +284,7 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         header = unpack_header(frames[0])
         if header["kind"] == "hello":
             router.send_multipart([identity, *weights_message(*service.hello(identity, header))])
-        elif header["kind"] == "probe":  # an actor on another machine times its link: echo at once
+        elif header["kind"] == "probe":  # an actor on another machine times its link: echo it now
             if not isinstance(header.get("n"), int):
                 raise WireError("probe without an int 'n'")
             router.send_multipart([identity, pack_header({"kind": "probe", "n": header["n"]})])
@@ -359,7 +360,7 @@ def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: A
     learner.sync.started(learner.algo.parameters())
     parameters = list(learner.algo.parameters())
     costs = measure_group(sum(p.numel() for p in parameters), parameters[0].device)
-    log.info("learner%d: group of %d, all_reduce latency %.0f us, %.1f MB/s for a %.0f kB bucket", group.rank,
-             group.world_size, costs["allreduce_latency_s"] * 1e6, costs["allreduce_bytes_per_s"] / 1e6,
-             costs["allreduce_bucket_bytes"] / 1e3)
+    log.info("learner%d: group of %d, all_reduce of one number %.0f us, of its %.0f kB bucket %.0f us; %.1f MB/s",
+             group.rank, group.world_size, costs["allreduce_latency_s"] * 1e6, costs["allreduce_bucket_bytes"] / 1e3,
+             costs["allreduce_bucket_s"] * 1e6, costs["allreduce_bytes_per_s"] / 1e6)
     return costs

@@ -2,7 +2,7 @@
 
     actor/evaluator --DEALER--> learner ROUTER   hello {actor, slots}; fragment notices {slot, epoch, ...}
     actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello); credit {slot, min_version, epoch}
-    actor          <-DEALER-> learner ROUTER   probe {n} + payload, echoed at once as probe {n} (a TCP link's rate)
+    actor          <-DEALER-> learner ROUTER   probe {n} + payload, echoed as probe {n} (a TCP link's rate)
     actor/evaluator <--SUB----- learner PUB      weights {version, epoch}, newest wins
     every role      --PUSH----> driver PULL      metric deltas (also heartbeats), checkpoint notices, errors
     every role      <--SUB----- driver PUB       stop, heartbeat, learner_restarted {epoch}
@@ -21,7 +21,6 @@ import os
 import re
 import secrets
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -320,28 +319,32 @@ class LearnerLink:
 
     def measure(self, taker: WeightsTaker, payload_bytes: int = PROBE_BYTES, repeats: int = 3,
                 timeout_s: float = 5.0) -> dict[str, float] | None:
-        """This link's latency and rate from round trips the learner echoes at once: an empty probe
-        (latency: half its round trip) and one of `payload_bytes` (rate: those bytes over the time
-        they add). Weights and credits that arrive meanwhile are taken as usual. None when the
-        learner does not answer within `timeout_s`."""
-        empty = self._round_trip(taker, 0, repeats, timeout_s)
-        full = self._round_trip(taker, payload_bytes, repeats, timeout_s) if empty is not None else None
+        """This link's latency and rate from round trips the learner echoes when it reads its socket:
+        empty probes (latency: half the shortest round trip) and probes of `payload_bytes` (rate: those
+        bytes over the time they add; the shortest of each, as waiting only ever adds). Weights and
+        credits that arrive meanwhile are taken as usual. None when the learner does not answer
+        within `timeout_s` in all."""
+        deadline = time.perf_counter() + timeout_s
+        empty = self._round_trip(taker, 0, repeats, deadline)
+        full = self._round_trip(taker, payload_bytes, repeats, deadline) if empty is not None else None
         if full is None:
             return None
-        return {"link_latency_s": empty / 2, "link_bytes_per_s": payload_bytes / max(full - empty, 1e-9),
-                "link_probe_bytes": float(payload_bytes)}
+        costs = {"link_latency_s": empty / 2, "link_probe_bytes": float(payload_bytes)}
+        if full > empty:  # else the transfer hid in the noise: no rate rather than an absurd one
+            costs["link_bytes_per_s"] = payload_bytes / (full - empty)
+        return costs
 
-    def _round_trip(self, taker: WeightsTaker, size: int, repeats: int, timeout_s: float) -> float | None:
-        """Median seconds from sending a probe of `size` bytes to its echo."""
+    def _round_trip(self, taker: WeightsTaker, size: int, repeats: int, deadline: float) -> float | None:
+        """Shortest seconds from sending a probe of `size` bytes to its echo."""
         payload = {"probe": np.zeros(size, np.uint8)} if size else None
         times = []
         for n in range(repeats):
             started = time.perf_counter()
-            self.link.send_multipart(encode({"kind": "probe", "n": n}, payload), copy=False)
-            if not self._await_echo(taker, n, started + timeout_s):
+            self.link.send_multipart(encode({"kind": "probe", "n": n, "size": size}, payload), copy=False)
+            if not self._await_echo(taker, n, deadline):
                 return None
             times.append(time.perf_counter() - started)
-        return statistics.median(times)
+        return min(times)
 
     def _await_echo(self, taker: WeightsTaker, n: int, deadline: float) -> bool:
         while (left := deadline - time.perf_counter()) > 0:

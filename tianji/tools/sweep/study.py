@@ -34,7 +34,6 @@ from tianji.tools.sweep.report import write_outputs
 from tianji.tools.sweep.space import Param, check_space, override, parse_space
 from tianji.tools.sweep.trial import TrialProcess, train_command
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own lines for each trial
 STUDY_NAME = "sweep"
 POLL_S = 0.5
 SAMPLERS = ("tpe", "random")
@@ -124,6 +123,10 @@ def _check_choices(settings: SweepSettings) -> None:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if settings.trials < 1 or settings.parallel < 1:
         raise ConfigError("--trials and --parallel: expected positive numbers")
+    if settings.max_minutes is not None and settings.max_minutes <= 0:
+        raise ConfigError(f"--max-minutes: expected a positive number of minutes, got {settings.max_minutes}")
+    if settings.grace_s < 0 or settings.silent_s <= 0:
+        raise ConfigError("--grace-s: expected zero or more seconds; --silent-s: expected a positive number")
     settings.report_unit()
 
 
@@ -202,6 +205,7 @@ class Sweep:
 
     def __init__(self, sweep_dir: Path, console: "SweepConsole | None" = None,
                  process_factory: Any = TrialProcess):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own lines for each trial
         self.dir = sweep_dir
         self.settings = load_settings(sweep_dir)
         self.params = self.settings.params()
@@ -316,7 +320,7 @@ class Sweep:
                 r.failure = r.failure or "did not stop within the grace period after SIGINT; killed"
                 r.process.kill()
             return
-        budget = self.objective.budget_s or _budget(self.base_raw)
+        budget = self.objective.budget_s
         if budget is not None and r.process.elapsed() > budget + self.settings.grace_s:
             r.failure = f"still running {r.process.elapsed():.0f} s after start (budget {budget:g} s + grace)"
             r.process.interrupt()
@@ -344,7 +348,6 @@ class Sweep:
     def finish(self, r: Running, code: int) -> None:
         """Record the trial's outcome in the study: COMPLETE, PRUNED or FAIL (with why)."""
         r.process.reap()
-        del self.running[r.trial.number]
         summary = r.process.summary()
         state, value, note = self.outcome(r, code, summary)
         if summary is not None:
@@ -353,11 +356,12 @@ class Sweep:
                 r.trial.set_user_attr(key, summary.get(key))
         if note:
             r.trial.set_user_attr("note", note)
-        if r.interrupted and state == optuna.trial.TrialState.FAIL:
+        if r.interrupted and r.failure is None and state == optuna.trial.TrialState.FAIL:
             r.trial.set_user_attr("interrupted", True)
         if state == optuna.trial.TrialState.COMPLETE:
             self.fill_remaining_points(r, value)
         self.study.tell(r.trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+        del self.running[r.trial.number]  # only once told: a Ctrl-C before leaves it to stop_all, not RUNNING
         shown = f" {value:.4g}" if value is not None else ""
         self.console.event(f"trial {r.trial.number} {state.name}{shown}{' (' + note + ')' if note else ''}")
         self.write_outputs(plots=False)
@@ -373,10 +377,10 @@ class Sweep:
             return optuna.trial.TrialState.COMPLETE, value, None
         if r.pruned:
             return optuna.trial.TrialState.PRUNED, None, None
+        if r.failure:  # hung or over budget before any Ctrl-C: a result, not a trial to run again
+            return optuna.trial.TrialState.FAIL, None, r.failure
         if r.interrupted:
             return optuna.trial.TrialState.FAIL, None, "interrupted (runs again on --resume)"
-        if r.failure:
-            return optuna.trial.TrialState.FAIL, None, r.failure
         return optuna.trial.TrialState.FAIL, None, f"exit code {code}: {r.process.log_tail()}"
 
     def fill_remaining_points(self, r: Running, value: float) -> None:
@@ -393,7 +397,8 @@ class Sweep:
     def value_at(self, point: int, final: float) -> float:
         """A finished trial's value at a report point after its last metrics row: its final value, except that
         a time to target counts only from the point it was reached (before it: not reached, nearly there)."""
-        if self.objective.name == "time_to_target" and self.unit == "time_s" and point < final:
+        reached = self.objective.budget_s is None or final <= self.objective.budget_s
+        if self.objective.name == "time_to_target" and self.unit == "time_s" and point < final and reached:
             return self.objective.penalised(self.objective.target)
         return final
 
@@ -441,10 +446,6 @@ class Sweep:
     def write_outputs(self, plots: bool) -> None:
         write_outputs(self.dir, self.study, self.params, self.objective, self.base_raw, plots=plots,
                       console=self.console)
-
-
-def _budget(raw: dict[str, Any]) -> float | None:
-    return (raw.get("stop") or {}).get("max_wall_time_s")
 
 
 def _env_step_budget(raw: dict[str, Any]) -> int | None:
