@@ -36,6 +36,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tianji.config import load_config
+from tianji.runtime.launchers.ray_boot import loopback_only
 from tianji.tools import calibration, plan
 
 LAYOUTS = ((1, 1), (1, 2), (2, 2))  # (learners, actors) that fit 2 cores
@@ -70,8 +71,6 @@ def measure_two_nodes(preset: str, seconds: float, repeats: int, tmp: Path) -> l
     on the head node, the actors on the worker node, every fragment over TCP (the same 2 cores)."""
     import ray
     from ray.cluster_utils import Cluster
-
-    from tianji.runtime.launchers.ray_boot import loopback_only
 
     loopback_only(ray)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from tianji.config import ConfigError, build_config, load_config, load_raw
+from tianji.config import ConfigError, apply_overrides, build_config, load_config, load_raw
 from tianji.tools.sweep.objective import Objective
 from tianji.tools.sweep.report import best_config_text
 from tianji.tools.sweep.space import check_space, override, parse_param, parse_space, resolve_space
@@ -90,8 +90,6 @@ def test_a_space_beside_the_config_or_bundled_with_the_preset_is_the_default(tmp
 
 
 def test_overrides_read_back_as_the_same_values():
-    from tianji.config import apply_overrides
-
     for value in (1e-05, 0.25, 3, [64, 64], "true", None, {"a": 1e-7}):
         assert apply_overrides({}, [override("x", value)])["x"] == value  # 1e-05 would be a string in YAML 1.1
 

@@ -55,9 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", action="store_true", help="lay out the whole Ray cluster (ray.address, or the "
                       "one `ray start` made here): every node's CPUs, the rates measured on this machine")
     plan.add_argument("--link-gbit", type=float, default=10.0, help="what-if: network between machines, Gbit/s")
-    plan.add_argument("--gpu-learner-rate", type=float, default=None, help="one learner per node on a GPU (with "
-                      "--cluster: per node that has one) that consumes this many env steps/s (measure it on a GPU machine: tianji plan PRESET --set "
-                      "learner.device=cuda)")
+    plan.add_argument("--gpu-learner-rate", type=float, default=None, help="with --nodes or --cluster: one "
+                      "learner per node on a GPU (--cluster: per node that has one) that consumes this many env "
+                      "steps/s (measure it on a GPU machine: tianji plan PRESET --set learner.device=cuda)")
     plan.add_argument("--link-latency-us", type=float, default=50.0, help="what-if: one message's latency between "
                       "machines, microseconds")
 
@@ -153,6 +153,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--cores: expected a positive number of cores")
     if args.nodes is not None or args.cluster:
         return _plan_cluster(args, cfg, args.cores_per_node or cores)
+    if args.gpu_learner_rate is not None:
+        raise ConfigError("--gpu-learner-rate: only with --nodes N or --cluster (it places a learner per node)")
     space = layout_space(cfg, cores, plan_envs=True, plan_actors=True, plan_learners=True)
     print(f"calibrating {args.config} on this machine: one learner, every core at once, then one actor for each of "
           f"{space.envs} envs",

@@ -257,9 +257,10 @@ def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], l
     total = sum(layout.env_steps_per_s for layout in layouts)
     group = sum(layout.learners for layout in layouts)
     bound = {"actors": "the learners", "learner": "the actors", "neither": "both"}
-    described = "; ".join(f"{sum(kind(n) == k for n in usable)} node(s) of {k[0]} CPUs{' and a GPU' if k[1] else ''}: "
-                          f"{chosen[k].learners} learner(s){' on the GPU' if k[1] else ''} x {chosen[k].actors} actors x "
-                          f"{chosen[k].envs_per_actor} envs, bounded by {bound[chosen[k].idle_side]}" for k in kinds)
+    described = "; ".join(
+        f"{sum(kind(n) == k for n in usable)} node(s) of {k[0]} CPUs{' and a GPU' if k[1] else ''}: "
+        f"{chosen[k].learners} learner(s){' on the GPU' if k[1] else ''} x {chosen[k].actors} actors x "
+        f"{chosen[k].envs_per_actor} envs, bounded by {bound[chosen[k].idle_side]}" for k in kinds)
     skipped = len(nodes) - len(usable)
     link = (f"across the link ({link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, {link_latency_s * 1e6:.0f} us)"
             if len(usable) > 1 else "on the node")
@@ -272,7 +273,8 @@ def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_
                    link_latency_s: float, mode: str, gpu_learner_rate: float | None = None) -> str:
     """The what-if table: per cluster size, the layout on every node, the group, the predicted rate."""
     base = predictions[0].env_steps_per_s / predictions[0].nodes
-    gpu = "" if gpu_learner_rate is None else f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)"
+    gpu = ("" if gpu_learner_rate is None else
+           f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)")
     lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here{gpu}; "
              f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
              f"{'measured' if cal.sync_measured else 'assumed'} on this machine: a message "

@@ -156,8 +156,8 @@ def measure_link(ray: Any, parameters: int, timeout_s: float = 120.0) -> dict[st
         return None
     pinned = [NodeAffinitySchedulingStrategy(node["NodeID"], soft=False) for node in alive]
     host = alive[0]["NodeManagerAddress"]
-    port, = ray.get(ray.remote(RayNodeHost.free_ports).options(num_cpus=0, scheduling_strategy=pinned[0]).remote(host, 1),
-                    timeout=timeout_s)
+    free_ports = ray.remote(RayNodeHost.free_ports).options(num_cpus=0, scheduling_strategy=pinned[0])
+    port, = ray.get(free_ports.remote(host, 1), timeout=timeout_s)
     probe = ray.remote(probe_group)
     ranks = [probe.options(num_cpus=0, scheduling_strategy=where).remote(GroupSpec(rank, 2, host, port, timeout_s),
                                                                           parameters)
