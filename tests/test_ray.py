@@ -181,7 +181,8 @@ def test_a_sweep_runs_its_trials_on_the_cluster_each_kept_on_one_node(two_nodes,
     done = subprocess.run([sys.executable, "-m", "tianji", "sweep", "cartpole-ppo", "--trials", "2", "--parallel", "2",
                            "--launcher", "ray", "--address", two_nodes.address, "--param",
                            "algo.lr=loguniform:7e-4:1.5e-3", "--trial-seconds", "120", "--pruner", "none",
-                           "--sweep-dir", str(sweep_dir), "--set", "logging.tensorboard=false"],
+                           "--sweep-dir", str(sweep_dir), "--set", "logging.tensorboard=false",
+                           "--set", "stop.target_return=200"],  # a short target: this is about placement
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = (sweep_dir / "sweep.csv").read_text().splitlines()[1:]
