@@ -333,3 +333,13 @@ def test_a_missed_target_keeps_its_penalised_value_at_later_report_points(tmp_pa
     assert sweep.value_at(2, reached) == sweep.objective.penalised(sweep.objective.target)  # not there yet at 2 s
     assert sweep.value_at(6, reached) == reached
     assert sweep.value_at(2, missed) == missed  # never "nearly there": what it ended with
+
+
+def test_a_sweep_resumed_where_its_trials_cores_do_not_exist_pins_them_to_cores_that_do(tmp_path):
+    sweep_dir = new_sweep(tmp_path, trials=1)
+    saved = json.loads((sweep_dir / "sweep.json").read_text())
+    saved.update(parallel=2, cores_per_trial=[[998], [999]])  # as written on a bigger machine
+    (sweep_dir / "sweep.json").write_text(json.dumps(saved))
+    slots = Sweep(sweep_dir, quiet()).settings.cores_per_trial
+    here = os.sched_getaffinity(0)
+    assert all(set(slot) <= here for slot in slots) and slots == core_slots(2, sorted(here))

@@ -147,6 +147,15 @@ def core_slots(parallel: int, cores: list[int]) -> list[list[int]]:
     return [cores[i * share:(i + 1) * share] for i in range(parallel)]
 
 
+def usable_core_slots(settings: SweepSettings) -> list[list[int]]:
+    """The stored core set of each parallel trial, or new ones where this machine (or this process's
+    affinity) lacks them: a sweep resumed elsewhere would fail to pin its trials."""
+    here = set(os.sched_getaffinity(0))
+    if all(set(slot) <= here for slot in settings.cores_per_trial):
+        return settings.cores_per_trial
+    return core_slots(settings.parallel, sorted(here))
+
+
 def layout_for_share(base_raw: dict[str, Any], cores: int) -> list[str]:
     """The planner's layout for one trial's share of the cores (`tianji plan --cores N`, measured once for
     the base config: the searched values may move the rates somewhat)."""
@@ -219,6 +228,7 @@ class Sweep:
                                        sampler=make_sampler(self.settings, existing), pruner=make_pruner(self.settings))
         self.running: dict[int, Running] = {}
         self.console = console or SweepConsole()
+        self.settings.cores_per_trial = usable_core_slots(self.settings)
         self.process_factory = process_factory
         self.deadline = (time.time() + 60 * self.settings.max_minutes) if self.settings.max_minutes else None
 
