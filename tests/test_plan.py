@@ -223,6 +223,11 @@ def test_the_cluster_mode_lays_out_a_described_cluster_and_says_why():
     layouts, _, why = plan.plan_cluster(cluster_calibration(), config(bound=100), with_gpu, 1.25e9, 50e-6,
                                         gpu_learner_rate=1e6)
     assert layouts[0].learners == 1 and "1 node(s) of 40 CPUs and a GPU: 1 learner(s) on the GPU" in why
+    # unlike nodes: each kind's collectives are priced with the group the others really form
+    group = sum(layout.learners for layout in layouts)
+    alone = plan.predict_cluster(cluster_calibration(), config(bound=100), 2, 40, 1.25e9, 50e-6, 1e6,
+                                 others_in_group=group - 1).per_node
+    assert layouts[0] == alone
 
 
 def test_a_process_shares_the_cores_with_the_others_that_want_one():

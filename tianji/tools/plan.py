@@ -173,11 +173,13 @@ def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producin
 # ---------------------------------------------------------------- prediction
 
 
-def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1) -> list[Layout]:
+def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1,
+            others_in_group: int | None = None) -> list[Layout]:
     """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, and all
-    share the machine's cores (`shared_throughput`). With
-    `replicas` machines running the same layout, the learners of all of them form one group (the
-    collective's ring is `replicas` times longer; pass `cal` with the link's costs)."""
+    share the machine's cores (`shared_throughput`). With `replicas` machines running the same layout,
+    the learners of all of them form one group (the collective's ring is `replicas` times longer; pass
+    `cal` with the link's costs); `others_in_group`: instead, the group has this many learners on
+    other machines whatever the layout here (a cluster of unlike nodes)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
     bound = cfg.balance.max_policy_lag
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
@@ -188,8 +190,8 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: i
             for a in (a for a in space.actors if a >= learners):
                 per_learner = math.ceil(a / learners)
                 producing = min(a, learners * limit)  # lag-aware credits: at most `limit` in flight per learner
-                x, learner_rate = shared_throughput(cal, rate, a, producing, learners, learners * replicas,
-                                                    cfg.sync.mode, cores)
+                group = learners * replicas if others_in_group is None else learners + others_in_group
+                x, learner_rate = shared_throughput(cal, rate, a, producing, learners, group, cfg.sync.mode, cores)
                 actor_util, learner_util = x / (a * rate), x / (learners * learner_rate)
                 actors_wait = actor_util < learner_util
                 lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
@@ -212,7 +214,8 @@ class ClusterPrediction:
 
 
 def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: int, link_bytes_per_s: float,
-                    link_latency_s: float, gpu_learner_rate: float | None = None) -> ClusterPrediction:
+                    link_latency_s: float, gpu_learner_rate: float | None = None,
+                    others_in_group: int | None = None) -> ClusterPrediction:
     """What-if for `nodes` machines of `cores_per_node` cores like this one: every node runs the layout
     the planner would choose for its cores, actors feeding the learners of their own node (shared
     memory), and all learners form one group whose collectives cross the link (its bandwidth caps
@@ -227,8 +230,10 @@ def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: i
     if nodes > 1:
         cal = replace(cal, sync_latency_s=cal.sync_latency_s + link_latency_s,
                       sync_bytes_per_s=min(cal.sync_bytes_per_s, link_bytes_per_s))
-    chosen = choose(predict(cal, cfg, space, cores_per_node, replicas=nodes), space.preferred_envs, cores_per_node)
-    return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, nodes * chosen.learners)
+    chosen = choose(predict(cal, cfg, space, cores_per_node, replicas=nodes, others_in_group=others_in_group),
+                    space.preferred_envs, cores_per_node)
+    group = nodes * chosen.learners if others_in_group is None else chosen.learners + others_in_group
+    return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, group)
 
 
 def link_from_probe(cal: Calibration, costs: dict[str, float]) -> tuple[float, float]:
@@ -251,8 +256,15 @@ def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], l
         return int(node["CPU"]), gpu_learner_rate is not None and node.get("GPU", 0) >= 1
 
     kinds = sorted({kind(n) for n in usable})
-    chosen = {k: predict_cluster(cal, cfg, len(usable), k[0], link_bytes_per_s, link_latency_s,
-                                 gpu_learner_rate if k[1] else None).per_node for k in kinds}
+
+    def lay_out(others: dict[tuple[int, bool], int | None]) -> dict[tuple[int, bool], Layout]:
+        return {k: predict_cluster(cal, cfg, len(usable), k[0], link_bytes_per_s, link_latency_s,
+                                   gpu_learner_rate if k[1] else None, others[k]).per_node for k in kinds}
+
+    chosen = lay_out({k: None for k in kinds})  # as if every node were of its kind
+    if len(kinds) > 1:  # unlike nodes: price each kind's collectives with the group the others form
+        group = sum(chosen[kind(n)].learners for n in usable)
+        chosen = lay_out({k: group - chosen[k].learners for k in kinds})
     layouts = [chosen[kind(n)] for n in usable]
     total = sum(layout.env_steps_per_s for layout in layouts)
     group = sum(layout.learners for layout in layouts)
