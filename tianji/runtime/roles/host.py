@@ -151,10 +151,8 @@ class NodeHost:
 # ---------------------------------------------------------------- the zygote's side
 
 
-def _child(target: str, spec: dict[str, Any], keep_out: list[int]) -> int:
-    """In a forked child: leave the zygote's sockets alone, run the role, return its exit code."""
-    for fd in keep_out:
-        os.close(fd)
+def _child(target: str, spec: dict[str, Any]) -> int:
+    """In a forked child: run the role, return its exit code."""
     module, function = target.split(":")
     try:
         getattr(importlib.import_module(module), function)(spec)  # preloaded: a dict lookup
@@ -164,7 +162,7 @@ def _child(target: str, spec: dict[str, Any], keep_out: list[int]) -> int:
     except BaseException:
         traceback.print_exc()
         return 1
-    finally:  # os._exit follows: nothing else flushes
+    finally:
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -190,7 +188,9 @@ def _load(preload: list[str]) -> dict[str, Any]:
         return {"error": f"the role code did not load:\n{traceback.format_exc()}"}
 
 
-def zygote_main(path: str, parent_pid: int, preload: list[str]) -> None:
+def zygote_main(path: str, parent_pid: int, preload: list[str]) -> int:
+    """Serve the host until it goes; returns the exit code: the zygote's (0), or in a forked child
+    the role's, which leaves the request loop and ends as a process of its own would."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listener = pysocket.socket(pysocket.AF_UNIX)
@@ -205,18 +205,21 @@ def zygote_main(path: str, parent_pid: int, preload: list[str]) -> None:
     channel = connection.makefile("rw", buffering=1)
     channel.write(json.dumps(loaded) + "\n")
     if READY not in loaded:
-        return
+        return 0
     for line in channel:  # the end: the host closed the connection or died
         request = json.loads(line)
         if request.get("op") == "reap":
             channel.write(json.dumps({"exits": _reap()}) + "\n")
             continue
         pid = os.fork()
-        if pid == 0:  # a forked child must not run the zygote's way out (its atexit handlers, the files it
-            # shares with the zygote, the rest of this loop): it ends here, as multiprocessing's children do
-            os._exit(_child(request["target"], request["spec"], [connection.fileno()]))
+        if pid == 0:  # the child leaves the loop (nothing of the zygote's is left to clean up: the socket
+            # file is gone, and closing its copy of the connection leaves the zygote's open)
+            channel.close()
+            connection.close()
+            return _child(request["target"], request["spec"])
         channel.write(json.dumps({"pid": pid}) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    zygote_main(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
+    sys.exit(zygote_main(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
