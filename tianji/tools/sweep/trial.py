@@ -12,7 +12,6 @@ with it, and its run directory is like any other (`tianji plot/eval/train --resu
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -22,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tianji.runtime.transport.links import die_with_parent
+
 LOG_NAME = "train.log"  # the trial's stdout and stderr, in its run directory
-PR_SET_PDEATHSIG = 1
 
 
 def _prepare_child(cores: list[int] | None, sweep_pid: int) -> None:
@@ -32,10 +32,7 @@ def _prepare_child(cores: list[int] | None, sweep_pid: int) -> None:
     killed sweep leaves trials that stopped cleanly with a checkpoint, not orphans still training."""
     if cores:
         os.sched_setaffinity(0, cores)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != sweep_pid:  # the sweep died before the signal was armed: do not start
-        raise RuntimeError("the sweep is gone")
+    die_with_parent(sweep_pid)
 
 
 def train_command(config: Path, run_dir: Path, overrides: list[str], launcher: str = "local",
