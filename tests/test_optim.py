@@ -96,6 +96,55 @@ def test_rmsprop_matches_numpy_reference(momentum):
         np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-10, atol=1e-12)
 
 
+def tensorflow_rmsprop_reference(params: list[np.ndarray], grads_per_step: list[list[np.ndarray]], lr: float,
+                                 alpha: float, eps: float, momentum: float) -> list[np.ndarray]:
+    """tf.train.RMSPropOptimizer (TF 1, not centered) written out in NumPy: its `ms` slot starts at ones,
+    eps sits inside the square root, momentum accumulates lr-scaled steps."""
+    params = [p.astype(np.float64).copy() for p in params]
+    ms = [np.ones_like(p) for p in params]
+    mom = [np.zeros_like(p) for p in params]
+    for grads in grads_per_step:
+        for i, g in enumerate(grads):
+            ms[i] = alpha * ms[i] + (1 - alpha) * g * g
+            mom[i] = momentum * mom[i] + lr * g / np.sqrt(ms[i] + eps)
+            params[i] -= mom[i]
+    return params
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_tensorflow_rmsprop_matches_numpy_reference(momentum):
+    gen = torch.Generator().manual_seed(4)
+    params = [torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
+              torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)]
+    start = [p.detach().numpy().copy() for p in params]
+    optimizer = make_optimizer(params, OptimizerConfig(name="rmsprop_tf", alpha=0.95, eps=1e-3, momentum=momentum),
+                               lr=1e-2)
+    history = []
+    for _ in range(20):
+        grads = [3 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        optimizer.step()
+        history.append([g.numpy() for g in grads])
+    expected = tensorflow_rmsprop_reference(start, history, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
+    for p, e in zip(params, expected):
+        np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-10, atol=1e-12)
+
+
+def test_tensorflow_rmsprop_damps_the_first_steps_that_pytorchs_takes_in_full():
+    """The same small gradient: PyTorch's RMSprop moves 1 / sqrt(1 - alpha) = 10 lr at once, TF's about
+    lr |g| (its average starts at 1)."""
+    moved = {}
+    for name in ("rmsprop", "rmsprop_tf"):
+        param = torch.zeros(1, requires_grad=True)
+        optimizer = make_optimizer([param], OptimizerConfig(name=name, eps=1e-10), lr=1.0)
+        param.grad = torch.full((1,), 1e-3)
+        optimizer.step()
+        moved[name] = -float(param)
+    assert moved["rmsprop"] == pytest.approx(10.0, rel=1e-3)
+    assert moved["rmsprop_tf"] == pytest.approx(1e-3 / np.sqrt(0.99), rel=1e-6)
+
+
 def test_make_optimizer_from_config_and_state_of_another_optimizer_is_refused():
     net = make_net(0)
     adam = make_optimizer(net.parameters(), OptimizerConfig(name="adam", eps=1e-5), lr=1e-3)

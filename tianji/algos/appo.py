@@ -5,7 +5,9 @@ Per batch: one forward pass (no gradient) with the learner's current parameters 
 the V-trace targets and advantages (`tianji.algos.impala.vtrace_targets`), corrected for the actors'
 older policies. Then `epochs` passes of `minibatches` gradient steps on random samples of the
 batch: PPO's loss (`tianji.algos.ppo.ppo_loss`) with the ratio pi / mu to the behaviour policy that
-made the data, normalised advantages, the value regressed to the V-trace targets.
+made the data (or, `proximal`, to the learner's policy at the start of the update: V-trace's
+advantages already carry the importance weight), normalised advantages, the value regressed to the
+V-trace targets.
 """
 
 from __future__ import annotations
@@ -18,14 +20,8 @@ from pydantic import Field
 from tianji.algos.base import AlgoSpec
 from tianji.algos.common.networks import trunk_health
 from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, adam_eps
-from tianji.algos.impala import (
-    IMPALALearner,
-    IMPALAPolicy,
-    VTraceConfig,
-    minibatch_steps,
-    time_major_batch,
-    vtrace_targets,
-)
+from tianji.algos.common.batches import minibatch_steps
+from tianji.algos.impala import IMPALALearner, IMPALAPolicy, VTraceConfig, time_major_batch, vtrace_targets
 from tianji.algos.ppo import check_spaces, ppo_loss
 
 
@@ -41,6 +37,9 @@ class APPOConfig(VTraceConfig):
                                      "its value before the update in the value loss (null: no clipping).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    proximal: bool = Field(True, description="Centre the clip on the learner's own policy at the start of each "
+                           "update (whose V-trace advantages already carry the truncated weight pi / mu) instead of "
+                           "the actors' behaviour policy, which a stale fragment may be far from already.")
     init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
 
 
@@ -52,7 +51,8 @@ class APPOLearner(IMPALALearner):
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
-        return ppo_loss(logp, b["logp"], b["adv"], values, b["vs"], entropy, self.cfg, b["value"])
+        centre = b["prox_logp"] if self.cfg.proximal else b["logp"]
+        return ppo_loss(logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"])
 
 
 SPEC = AlgoSpec("appo", APPOConfig, IMPALAPolicy, APPOLearner, check_spaces)

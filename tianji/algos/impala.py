@@ -13,7 +13,7 @@ which recomputes values and target log-probs with its current parameters.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping
+from typing import Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -28,8 +28,8 @@ from tianji.algos.base import (
     OnPolicyBatches,
     explained_variance,
     resolve_device,
-    to_device,
 )
+from tianji.algos.common.batches import minibatch_steps, time_major
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.returns import vtrace
@@ -154,8 +154,8 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
 @torch.no_grad()
 def vtrace_targets(net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAConfig
                    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """The batch's valid steps as flat samples (observation, action, behaviour log-prob, value now,
-    V-trace target and advantage) from one forward pass with the current parameters, and how far
+    """The batch's valid steps as flat samples (observation, action, behaviour log-prob, log-prob and
+    value now, V-trace target and advantage) from one forward pass with the current parameters, and how far
     that policy is from the actors' (rho, explained variance)."""
     obs, action = b["obs"], b["action"]
     T, k = action.shape[:2]
@@ -167,27 +167,9 @@ def vtrace_targets(net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAC
     behaviour = vtrace_diagnostics(b["logp"][valid], logp[valid], cfg.rho_bar)
     diagnostics = {"rho_mean": behaviour["rho_mean"], "rho_clipped": behaviour["rho_clipped"],
                    "explained_variance": explained_variance(values[valid], vs[valid])}
-    samples = {"obs": obs[valid], "action": action[valid], "logp": b["logp"][valid], "value": values[valid],
-               "vs": vs[valid], "adv": advantages[valid]}
+    samples = {"obs": obs[valid], "action": action[valid], "logp": b["logp"][valid], "prox_logp": logp[valid],
+               "value": values[valid], "vs": vs[valid], "adv": advantages[valid]}
     return samples, diagnostics
-
-
-def minibatch_steps(samples: dict[str, torch.Tensor], cfg: Any, loss_of: Callable, step: GradientStep, sync: Any,
-                    env_steps: int) -> dict[str, float]:
-    """`cfg.epochs` passes of `cfg.minibatches` gradient steps on random samples; mean stats."""
-    n = samples["adv"].shape[0]
-    size = max(1, n // cfg.minibatches)
-    totals: dict[str, float] = {}
-    steps = 0
-    for _ in range(cfg.epochs):
-        order = torch.randperm(n, device=samples["adv"].device)
-        for start in range(0, n - size + 1, size):
-            loss, stats = loss_of({key: value[order[start:start + size]] for key, value in samples.items()})
-            stats.update(step(loss, sync, env_steps))
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-            steps += 1
-    return {key: value / max(steps, 1) for key, value in totals.items()}
 
 
 def approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -200,12 +182,8 @@ TIME_MAJOR = ("obs", "action", "logp", "reward", "done", "terminated", "valid")
 
 def time_major_batch(fragments: list[Mapping[str, np.ndarray]], device: torch.device) -> dict[str, torch.Tensor]:
     """Fragments side by side on the env axis ([T, k1 + k2, ...]) and the observations after them
-    (`last_obs`, [k1 + k2, ...]); uint8 stays uint8 until the net."""
-    def joined(key: str, axis: int) -> torch.Tensor:
-        arrays = [f[key] for f in fragments]
-        return to_device(np.concatenate(arrays, axis=axis) if len(arrays) > 1 else arrays[0], device)
-
-    return {**{key: joined(key, 1) for key in TIME_MAJOR}, "last_obs": joined("last_obs", 0)}
+    (`last_obs`, [k1 + k2, ...])."""
+    return time_major(fragments, TIME_MAJOR, device, per_env=("last_obs",))
 
 
 def vtrace_diagnostics(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:

@@ -30,10 +30,11 @@ from tianji.algos.base import (
     resolve_device,
     to_device,
 )
+from tianji.algos.common.batches import joined, time_major
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import SurrogateConfig, ppo_loss
+from tianji.algos.ppo import SurrogateConfig, ppo_loss, proximal_weights, staleness_stats
 
 
 class MAPPOConfig(SurrogateConfig):
@@ -103,6 +104,7 @@ class MAPPOPolicy:
     def __init__(self, cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         self.net = make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
+        self.proximal = cfg.proximal
         self.h: torch.Tensor | None = None  # each env's memory (recurrent), carried across fragments
         self.h0: np.ndarray | None = None  # at the start of the fragment being collected
 
@@ -141,6 +143,8 @@ class MAPPOPolicy:
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
         value = self.net.value(torch.from_numpy(last_obs["obs"]), torch.from_numpy(last_obs["state"]))
         extras = {"bootstrap_value": value.numpy()}
+        if self.proximal:  # the learner evaluates what follows the fragment itself
+            extras.update(last_obs=np.asarray(last_obs["obs"]), last_state=np.asarray(last_obs["state"]))
         if self.net.recurrent_hidden:  # the next fragment starts where this one ended
             extras["h0"], self.h0 = self.h0, self.h.numpy().copy()
         return extras
@@ -157,47 +161,66 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
-    def _advantages(self, f: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """GAE of the team reward per env (values [T, k]) or per agent (values [T, k, n]);
-        advantages, returns and the actor's values, each [T, k, n]."""
-        T, k, n = f["action"].shape
-        values = f["value"]
+    def _advantages(self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """GAE of the team reward per env (values [T, K]) or per agent (values [T, K, n]);
+        advantages, returns and values, each [T, K, n]."""
+        T, K, n = rows["active"].shape
         if values.ndim == 2:
-            adv, ret = compute_gae(f["reward"], values, f["bootstrap_value"], f["done"], f["terminated"],
+            adv, ret = compute_gae(rows["reward"], values, bootstrap, rows["done"], rows["terminated"],
                                    self.cfg.gamma, self.cfg.gae_lambda)
             return tuple(np.repeat(x[..., None], n, -1) for x in (adv, ret, values))  # type: ignore[return-value]
-        per_agent = [np.repeat(f[key][..., None], n, -1).reshape(T, k * n) for key in ("reward", "done", "terminated")]
-        adv, ret = compute_gae(per_agent[0], values.reshape(T, k * n), f["bootstrap_value"].reshape(k * n),
+        per_agent = [np.repeat(rows[key][..., None], n, -1).reshape(T, K * n) for key in ("reward", "done", "terminated")]
+        adv, ret = compute_gae(per_agent[0], values.reshape(T, K * n), bootstrap.reshape(K * n),
                                per_agent[1], per_agent[2], self.cfg.gamma, self.cfg.gae_lambda)
-        return adv.reshape(T, k, n), ret.reshape(T, k, n), values
+        return adv.reshape(T, K, n), ret.reshape(T, K, n), values
 
-    def _batch(self) -> dict[str, torch.Tensor]:
+    def _batch(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The batch's fragments side by side on the env axis: time-major [T, K, ...] tensors (and each
-        env's memory at the start, recurrent)."""
+        env's memory at the start, recurrent), with the log-probs and values the clips are centred on
+        (`prox_logp`, `value`: the learner's own with `proximal`, else the actors'), advantages and returns."""
+        c = self.cfg
         fragments = self.take_batch()
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "state", "avail_actions", "action", "logp", "adv",
-                                                               "ret", "value", "mask", "first")}
-        for f in fragments:
-            adv, ret, values = self._advantages(f)
-            mask = f["valid"][..., None] & f["active"].astype(bool)  # agent-steps that count
-            for key, value in (("obs", f["obs"]), ("state", f["state"]), ("avail_actions", f["avail_actions"]),
-                               ("action", f["action"]), ("logp", f["logp"]), ("adv", adv), ("ret", ret),
-                               ("value", values), ("mask", mask), ("first", f["first"])):
-                parts[key].append(value)
-        batch = {key: to_device(np.concatenate(value, axis=1), self.device) for key, value in parts.items()}
+        per_env = ("last_obs", "last_state") if c.proximal else ("bootstrap_value",)
+        b = time_major(fragments, STEP_KEYS, self.device, per_env + (("h0",) if c.recurrent else ()))
+        rows = {key: np.asarray(joined(fragments, key, 1)) for key in ("reward", "done", "terminated", "valid", "active")}
+        if c.proximal:
+            b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b)
+        else:
+            b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
+        adv, ret, values = self._advantages(rows, b["value"].cpu().numpy(), bootstrap.cpu().numpy())
+        mask = rows["valid"][..., None] & rows["active"].astype(bool)  # agent-steps that count
+        b.update({key: to_device(value, self.device) for key, value in
+                  (("adv", adv), ("ret", ret), ("value", values), ("mask", mask))})
+        b["first"] = b["first"].bool()
+        diagnostics = {"explained_variance": explained_variance(b["value"][b["mask"]], b["ret"][b["mask"]])}
+        if c.proximal:
+            diagnostics.update(staleness_stats(b["prox_logp"][b["mask"]], b["logp"][b["mask"]], c.rho_bar))
+        return b, diagnostics
+
+    @torch.no_grad()
+    def _evaluate_now(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs of the actions taken [T, K, n] and values [T, K] or [T, K, n] under the current
+        parameters (the proximal policy), and the values of what follows the fragments."""
+        T, K = b["action"].shape[:2]
         if self.cfg.recurrent:
-            batch["h0"] = to_device(np.concatenate([f["h0"] for f in fragments]), self.device)
-        return batch
+            logits = self._unroll(b, torch.arange(K, device=self.device))
+        else:
+            logits, _ = self.net.logits(b["obs"].reshape(T * K, *b["obs"].shape[2:]),
+                                        b["avail_actions"].reshape(T * K, *b["avail_actions"].shape[2:]))
+        logp = torch.log_softmax(logits, -1).gather(-1, b["action"].reshape(T * K, -1, 1).long()).squeeze(-1)
+        values = self.net.value(b["obs"].reshape(T * K, *b["obs"].shape[2:]), b["state"].reshape(T * K, *b["state"].shape[2:]))
+        return logp.reshape(T, K, -1), values.reshape(T, K, *values.shape[1:]), self.net.value(b["last_obs"], b["last_state"])
 
     def update(self) -> dict[str, float]:
         """`epochs` passes over the batch in `minibatches` parts: of agent-steps, or, recurrent, of
         whole env sequences unrolled from their stored memory."""
         c = self.cfg
-        b = self._batch()
+        b, diagnostics = self._batch()
         T, K = b["adv"].shape[:2]
         units = K if c.recurrent else T * K
         size = max(1, units // c.minibatches)
-        flat = {key: value.reshape(T * K, *value.shape[2:]) for key, value in b.items() if key != "h0"}
+        flat = {key: value.reshape(T * K, *value.shape[2:]) for key, value in b.items() if key not in PER_ENV}
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(c.epochs):
@@ -207,7 +230,7 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
                 if c.recurrent:
                     logits = self._unroll(b, idx)
                     picked = {key: value[:, idx].reshape(T * len(idx), *value.shape[2:]) for key, value in b.items()
-                              if key != "h0"}
+                              if key not in PER_ENV}
                 else:
                     picked = {key: value[idx] for key, value in flat.items()}
                     logits, _ = self.net.logits(picked["obs"], picked["avail_actions"])
@@ -215,17 +238,14 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
                 for key, value_ in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value_)
                 steps += 1
-        stats = {key: value / max(steps, 1) for key, value in totals.items()}
-        mask = b["mask"].bool()
-        stats["explained_variance"] = explained_variance(b["value"][mask], b["ret"][mask])
-        return stats
+        return {**{key: value / max(steps, 1) for key, value in totals.items()}, **diagnostics}
 
     def _unroll(self, b: dict[str, torch.Tensor], envs: torch.Tensor) -> torch.Tensor:
         """Logits [T * B, n, A] of the envs' sequences, from their stored memory, reset where an episode starts."""
         h = b["h0"][envs].float()
         logits = []
         for t in range(b["obs"].shape[0]):
-            h = h * (~b["first"][t, envs].bool()).float().view(-1, 1, 1)
+            h = h * (~b["first"][t, envs]).float().view(-1, 1, 1)
             step_logits, h = self.net.logits(b["obs"][t, envs], b["avail_actions"][t, envs], h)
             logits.append(step_logits)
         return torch.cat(logits)
@@ -239,10 +259,15 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
-        loss, stats = ppo_loss(logp[mask], b["logp"][mask], b["adv"][mask], value[mask], b["ret"][mask], entropy[mask],
-                               self.cfg, b["value"][mask])
+        weights = proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar) if self.cfg.proximal else None
+        loss, stats = ppo_loss(logp[mask], b["prox_logp"][mask], b["adv"][mask], value[mask], b["ret"][mask],
+                               entropy[mask], self.cfg, b["value"][mask], weights)
         stats.update(self.step(loss, self.sync, self.env_steps))
         return stats
+
+
+STEP_KEYS = ("obs", "state", "avail_actions", "action", "logp", "value", "first")
+PER_ENV = ("h0", "last_obs", "last_state", "bootstrap_value")  # [K, ...]: not split into agent-steps
 
 
 def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:

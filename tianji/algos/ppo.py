@@ -1,7 +1,15 @@
-"""PPO: GAE, clipped surrogate with the behaviour policy's log-probs, value loss, entropy bonus.
+"""PPO: GAE, clipped surrogate, value loss, entropy bonus, corrected for fragments made by older policies.
 
-The math (`compute_gae`, `ppo_loss`) is pure and tested against NumPy references;
+The math (`compute_gae`, `ppo_loss`, `proximal_weights`) is pure and tested against NumPy references;
 `PPOPolicy` runs inside actors, `PPOLearner` inside the learner.
+
+Stale fragments (`proximal`, on by default): a fragment trained on k learner versions after the actor's
+policy (the behaviour policy, mu) made it would get little from a clip centred on mu: at the start of
+the update many of its samples are already outside the clip and give no gradient. So, as in
+"decoupled" PPO (Hilton et al., 2022, batch size-invariance) and APPO, the learner first evaluates the
+batch with its own parameters (the proximal policy, pi_prox, and its current values); the clip is
+centred on pi_prox, each sample is weighted by min(pi_prox / mu, rho_bar), and GAE uses the current
+values. With no lag pi_prox = mu and this is PPO exactly.
 
 Fragments arrive in the actor's recording convention (see `tianji.runtime.roles.actor`):
 vector envs auto-reset on the step *after* an episode ends, so the row after a
@@ -12,7 +20,7 @@ reset row itself is marked invalid and masked out of the loss.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +39,7 @@ from tianji.algos.base import (
     resolve_device,
     to_device,
 )
+from tianji.algos.common.batches import joined, minibatch_steps, time_major
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.returns import compute_gae
@@ -62,8 +71,23 @@ class SurrogateConfig(TrainedConfig):
                                      "null: no clipping).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    proximal: bool = Field(True, description="Correct stale fragments: clip around the learner's own policy at the "
+                           "start of each update (not the actor's), weight each sample by that policy's probability "
+                           "over the actor's (truncated at rho_bar), and compute advantages and value targets with "
+                           "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.")
+    rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+
+
+class SurrogateSettings(Protocol):
+    """What `ppo_loss` reads of a config (PPO's, MAPPO's and APPO's all have it)."""
+
+    clip: float
+    value_clip: float | None
+    value_coef: float
+    entropy_coef: float
+    normalize_advantages: bool
 
 
 class PPOConfig(SurrogateConfig):
@@ -80,20 +104,24 @@ def ppo_loss(
     new_values: torch.Tensor,
     returns: torch.Tensor,
     entropy: torch.Tensor,
-    cfg: PPOConfig,
+    cfg: SurrogateSettings,
     old_values: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate + value loss - entropy bonus, each a mean over one minibatch of valid steps.
 
-    With `cfg.value_clip` (and the actor's `old_values`), the value loss is the larger of the plain
-    and the clipped squared error, the clipped prediction staying within value_clip of old_values.
+    The ratio is new / old policy, `old_logp` being the policy the clip is centred on: the actor's
+    (plain PPO) or the learner's at the start of the update (proximal). `weights`: each sample's
+    surrogate times its importance weight (`proximal_weights`; none: 1).
+    With `cfg.value_clip` (and `old_values`), the value loss is the larger of the plain and the
+    clipped squared error, the clipped prediction staying within value_clip of old_values.
     """
     if cfg.normalize_advantages and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip, 1 + cfg.clip))
-    policy_loss = surrogate.mean()
+    policy_loss = (surrogate if weights is None else weights * surrogate).mean()
     value_error = (new_values - returns).pow(2)
     if cfg.value_clip is not None and old_values is not None:
         clipped = old_values + (new_values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
@@ -110,6 +138,21 @@ def ppo_loss(
             "clip_frac": ((ratio - 1).abs() > cfg.clip).float().mean(),
         }
     return loss, stats
+
+
+def proximal_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> torch.Tensor:
+    """min(pi_prox / mu, rho_bar) per sample: how much more (or less) likely the learner's policy at the
+    start of the update makes the action than the actor's policy that took it, truncated."""
+    return (proximal_logp - behaviour_logp).exp().clamp(max=rho_bar)
+
+
+def staleness_stats(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
+    """How far the learner's policy had moved from the actors' when the batch was trained on: the mean
+    weight pi_prox / mu, the share truncated at rho_bar, and KL(mu || pi_prox) (its estimate (r - 1) - log r)."""
+    log_ratio = proximal_logp - behaviour_logp
+    ratio = log_ratio.exp()
+    return {"rho_mean": float(ratio.mean()), "rho_clipped": float((ratio > rho_bar).float().mean()),
+            "behaviour_kl": float(((ratio - 1) - log_ratio).mean())}
 
 
 # ------------------------------------------------------------------ network
@@ -135,6 +178,7 @@ class PPOPolicy:
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         self.net = make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
+        self.proximal = getattr(cfg, "proximal", False)  # the learner evaluates the fragment's last obs itself
         self.low = getattr(act_space, "low", None)
         self.high = getattr(act_space, "high", None)
 
@@ -155,7 +199,8 @@ class PPOPolicy:
 
     @torch.no_grad()
     def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
-        return {"bootstrap_value": self.net.value(torch.from_numpy(last_obs)).numpy()}
+        extras = {"bootstrap_value": self.net.value(torch.from_numpy(last_obs)).numpy()}
+        return {**extras, "last_obs": last_obs} if self.proximal else extras
 
 
 # ------------------------------------------------------------------ learner side
@@ -172,40 +217,46 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
-    def _batch(self) -> dict[str, torch.Tensor]:
-        fragments = self.take_batch()
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "logp", "value", "adv", "ret")}
-        for f in fragments:
-            adv, ret = compute_gae(
-                f["reward"], f["value"], f["bootstrap_value"], f["done"], f["terminated"],
-                self.cfg.gamma, self.cfg.gae_lambda,
-            )
-            valid = f["valid"].reshape(-1)
-            for key, arr in (("obs", f["obs"]), ("action", f["action"]), ("logp", f["logp"]), ("value", f["value"]),
-                             ("adv", adv), ("ret", ret)):
-                parts[key].append(arr.reshape(valid.shape[0], *arr.shape[2:])[valid])
-        return {k: to_device(np.concatenate(v), self.device) for k, v in parts.items()}
-
     def update(self) -> dict[str, float]:
-        batch = self._batch()
-        n = batch["adv"].shape[0]
-        size = max(1, n // self.cfg.minibatches)
-        totals: dict[str, float] = {}
-        steps = 0
-        for _ in range(self.cfg.epochs):
-            order = torch.randperm(n, device=self.device)
-            for start in range(0, n - size + 1, size):
-                idx = order[start : start + size]
-                logp, entropy, value = self.net.evaluate(batch["obs"][idx], batch["action"][idx])
-                loss, stats = ppo_loss(logp, batch["logp"][idx], batch["adv"][idx], value, batch["ret"][idx], entropy,
-                                       self.cfg, batch["value"][idx])
-                stats.update(self.step(loss, self.sync, self.env_steps))
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + float(v)
-                steps += 1
-        stats = {k: v / max(steps, 1) for k, v in totals.items()}
-        stats["explained_variance"] = explained_variance(batch["value"], batch["ret"])
-        return {**stats, **trunk_health(self.net)}
+        samples, diagnostics = self._samples()
+        stats = minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps)
+        return {**stats, **diagnostics, **trunk_health(self.net)}
+
+    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logp, entropy, value = self.net.evaluate(b["obs"], b["action"])
+        weights = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.proximal else None
+        return ppo_loss(logp, b["prox_logp"], b["adv"], value, b["ret"], entropy, self.cfg, b["value"], weights)
+
+    def _samples(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """The batch's valid steps as flat samples: observation, action, the behaviour log-prob (`logp`),
+        the log-prob and value the clips are centred on (`prox_logp`, `value`), GAE advantage and return."""
+        fragments = self.take_batch()
+        per_env = ("last_obs",) if self.cfg.proximal else ("bootstrap_value",)
+        b = time_major(fragments, ("obs", "action", "logp", "value"), self.device, per_env)
+        rows = {key: np.asarray(joined(fragments, key, 1)) for key in ("reward", "done", "terminated", "valid")}
+        if self.cfg.proximal:
+            b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b["obs"], b["action"], b["last_obs"])
+        else:
+            b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
+        adv, ret = compute_gae(rows["reward"], b["value"].cpu().numpy(), bootstrap.cpu().numpy(), rows["done"],
+                               rows["terminated"], self.cfg.gamma, self.cfg.gae_lambda)
+        b["adv"], b["ret"] = to_device(adv, self.device), to_device(ret, self.device)
+        valid = torch.from_numpy(rows["valid"].reshape(-1)).to(self.device)
+        samples = {key: b[key].reshape(valid.shape[0], *b[key].shape[2:])[valid]
+                   for key in ("obs", "action", "logp", "prox_logp", "value", "adv", "ret")}
+        diagnostics = {"explained_variance": explained_variance(samples["value"], samples["ret"])}
+        if self.cfg.proximal:
+            diagnostics.update(staleness_stats(samples["prox_logp"], samples["logp"], self.cfg.rho_bar))
+        return samples, diagnostics
+
+    @torch.no_grad()
+    def _evaluate_now(self, obs: torch.Tensor, action: torch.Tensor, last_obs: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs of the actions taken and values [T, K] under the current parameters (the proximal
+        policy), and the values of the observations after the fragments [K]."""
+        T, K = action.shape[:2]
+        logp, _, values = self.net.evaluate(obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:]))
+        return logp.reshape(T, K), values.reshape(T, K), self.net.value(last_obs)
 
 
 SPEC = AlgoSpec("ppo", PPOConfig, PPOPolicy, PPOLearner, check_spaces)

@@ -4,7 +4,7 @@ schedule, and the one gradient step every learner takes.
 Written here because constructing any torch.optim optimizer imports torch._dynamo, which costs
 1-2 s of start-up in every learner process (and in every calibration) before the first update.
 
-    optimizer = make_optimizer(net.parameters(), cfg.optimizer, lr=cfg.lr)       # Adam or RMSprop
+    optimizer = make_optimizer(net.parameters(), cfg.optimizer, lr=cfg.lr)       # Adam, RMSprop (PyTorch's or TF's)
     step = GradientStep(optimizer, cfg.max_grad_norm, LinearDecay(cfg.lr_horizon))  # or None: constant
     stats = step(loss, sync, env_steps)      # zero grads, backward, group sync, clip, lr, step
     stats["grad_norm"], stats["lr"]
@@ -121,7 +121,42 @@ class RMSprop(_Foreach):
             torch._foreach_addcdiv_(params, grads, denom, -self.lr)
 
 
-Optimizer = Adam | RMSprop
+class TensorFlowRMSprop(_Foreach):
+    """RMSprop in TensorFlow 1's form (tf.train.RMSPropOptimizer), which the IMPALA paper and
+    scalable_agent used: the squared-gradient average starts at 1 (not 0) and eps is added inside the
+    square root; momentum accumulates lr-scaled steps. Early steps are therefore far more damped than
+    PyTorch's, whose average starts at 0 (its first step divides by |g| sqrt(1 - alpha): a jump of
+    10 lr per parameter with alpha 0.99).
+
+        ms = alpha ms + (1 - alpha) g^2;  mom = momentum mom + lr g / sqrt(ms + eps);  param -= mom
+    """
+
+    state_names = ("ms", "mom")
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, alpha: float = 0.99, eps: float = 1e-10,
+                 momentum: float = 0.0, initial_average: float = 1.0):
+        super().__init__(params, lr)
+        self.alpha, self.eps, self.momentum = alpha, eps, momentum
+        for tensor in self.state["ms"]:
+            tensor.fill_(initial_average)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params, grads, state = self._with_grads()
+        if not params:
+            return
+        ms, mom = state["ms"], state["mom"]
+        self.steps += 1
+        torch._foreach_mul_(ms, self.alpha)
+        torch._foreach_addcmul_(ms, grads, grads, 1 - self.alpha)
+        denom = torch._foreach_add(ms, self.eps)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_mul_(mom, self.momentum)
+        torch._foreach_addcdiv_(mom, grads, denom, self.lr)
+        torch._foreach_sub_(params, mom)
+
+
+Optimizer = Adam | RMSprop | TensorFlowRMSprop
 
 
 class OptimizerSettings(Protocol):  # tianji.config.OptimizerConfig
@@ -131,6 +166,7 @@ class OptimizerSettings(Protocol):  # tianji.config.OptimizerConfig
     beta2: float
     alpha: float
     momentum: float
+    initial_average: float
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerSettings, lr: float) -> Optimizer:
@@ -138,7 +174,10 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerSettings,
         return Adam(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if cfg.name == "rmsprop":
         return RMSprop(params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
-    raise ValueError(f"algo.optimizer.name: unknown optimizer {cfg.name!r}; expected 'adam' or 'rmsprop'")
+    if cfg.name == "rmsprop_tf":
+        return TensorFlowRMSprop(params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum,
+                                 initial_average=cfg.initial_average)
+    raise ValueError(f"algo.optimizer.name: unknown optimizer {cfg.name!r}; expected 'adam', 'rmsprop' or 'rmsprop_tf'")
 
 
 class LinearDecay:

@@ -10,13 +10,19 @@ from tianji.sections import Section
 
 
 class OptimizerConfig(Section):
-    name: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (not centered) as in the IMPALA paper.")
-    eps: float = Field(1e-8, gt=0, description="Added to the root of the squared-gradient average. Losses are means "
-                       "over the batch: a reference that sums its loss over B samples used B times this eps.")
+    name: Literal["adam", "rmsprop", "rmsprop_tf"] = Field(
+        "adam", description="adam; rmsprop (not centered) in PyTorch's form: squared-gradient average from 0, eps "
+        "added to its root; rmsprop_tf: TensorFlow 1's form, which the IMPALA paper used: the average starts at 1 and "
+        "eps is added inside the root (far more damped early on).")
+    eps: float = Field(1e-8, gt=0, description="adam, rmsprop: added to the root of the squared-gradient average; "
+                       "rmsprop_tf: added to the average inside the root. Losses are means over the batch: a "
+                       "reference that sums its loss over B samples used B times this eps (rmsprop_tf: B^2 times).")
     beta1: float = Field(0.9, ge=0, lt=1, description="adam: decay of the gradient average.")
     beta2: float = Field(0.999, ge=0, lt=1, description="adam: decay of the squared-gradient average.")
-    alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop: decay of the squared-gradient average.")
-    momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop: momentum.")
+    alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop, rmsprop_tf: decay of the squared-gradient average.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop, rmsprop_tf: momentum.")
+    initial_average: float = Field(1.0, ge=0, description="rmsprop_tf: where the squared-gradient average starts "
+                                   "(TensorFlow: 1). For a reference that sums its loss over B samples, 1 / B^2 here.")
 
 
 class TrainedConfig(Section):

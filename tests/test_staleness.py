@@ -1,0 +1,153 @@
+"""Stale fragments corrected, not only bounded: a fragment the actor made k learner versions ago must
+teach the learner about as much as a fresh one.
+
+The reference is the importance-weighted policy gradient at the learner's current parameters,
+-mean(pi/mu * A) over the stale batch (what an unbiased off-policy update would follow). PPO's clip
+centred on the actor's policy mu zeroes the gradient of every sample already outside the clip; the
+proximal clip (centred on the learner's own policy at the start of the update, each sample weighted by
+min(pi_prox/mu, rho_bar)) keeps its direction.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from tianji.algos.appo import APPOConfig, APPOLearner
+from tianji.algos.mappo import MAPPOConfig, MAPPOLearner
+from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, ppo_loss, proximal_weights
+from tianji.algos.base import Placement
+import tianji.algos.ppo as ppo_module
+
+OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
+ACTIONS = gym.spaces.Discrete(6)
+T, K = 32, 16
+
+
+def fragment(policy: PPOPolicy, rng: np.random.Generator, proximal: bool = True) -> dict[str, np.ndarray]:
+    """T x K steps of a contextual bandit made by `policy` (the behaviour policy): reward 1 when the
+    action is the one a fixed linear map of the observation prefers, episodes of 8 steps."""
+    obs = rng.normal(size=(T, K, 8)).astype(np.float32)
+    action, record = policy.act(obs.reshape(T * K, 8))
+    best = (obs @ np.linspace(-1, 1, 48).reshape(8, 6)).argmax(-1)
+    done = np.zeros((T, K), bool)
+    done[7::8] = True
+    last_obs = rng.normal(size=(K, 8)).astype(np.float32)
+    arrays = {"obs": obs, "reward": (action.reshape(T, K) == best).astype(np.float32), "done": done,
+              "terminated": done.copy(), "valid": np.ones((T, K), bool),
+              **{key: value.reshape(T, K) for key, value in record.items()}}
+    return {**arrays, **policy.finish_fragment(arrays, last_obs)}
+
+
+def lagged_learner(lag: int, lr: float = 3e-4, seed: int = 0) -> tuple[PPOLearner, PPOPolicy, np.random.Generator]:
+    """A learner `lag` versions past the behaviour policy (each version one update of 4 x 4 steps on
+    its own fresh batch), and that behaviour policy."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    cfg = PPOConfig(lr=lr, clip=0.1, entropy_coef=0.0, value_coef=0.5, hidden=[64, 64], proximal=True)
+    learner = PPOLearner(cfg, OBS, ACTIONS)
+    behaviour = PPOPolicy(cfg, OBS, ACTIONS, Placement())
+    behaviour.load_weights(learner.weights())
+    current = PPOPolicy(cfg, OBS, ACTIONS, Placement())
+    for _ in range(lag):
+        current.load_weights(learner.weights())
+        learner.add(fragment(current, rng))
+        learner.update()
+    return learner, behaviour, rng
+
+
+def flat_grad(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)])
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def first_step_gradients(lag: int) -> dict[str, float]:
+    """Cosines with the importance-weighted gradient of the first gradient step on a batch `lag`
+    versions old, for the clip around the behaviour policy and the proximal clip."""
+    learner, behaviour, rng = lagged_learner(lag)
+    learner.add(fragment(behaviour, rng))
+    samples, stats = learner._samples()
+    params = [p for p in learner.net.pi.parameters()]
+    logp, entropy, value = learner.net.evaluate(samples["obs"], samples["action"])
+    cfg = learner.cfg.model_copy(update={"value_coef": 0.0})
+    adv = samples["adv"]
+    normalised = (adv - adv.mean()) / (adv.std() + 1e-8)
+    weighted = flat_grad(-((logp - samples["logp"]).exp() * normalised).mean(), params)
+    behaviour_clip, _ = ppo_loss(logp, samples["logp"], adv, value, samples["ret"], entropy, cfg)
+    weights = proximal_weights(samples["prox_logp"], samples["logp"], cfg.rho_bar)
+    proximal_clip, _ = ppo_loss(logp, samples["prox_logp"], adv, value, samples["ret"], entropy, cfg, weights=weights)
+    outside = ((samples["prox_logp"] - samples["logp"]).exp() - 1).abs() > cfg.clip
+    return {"behaviour": cosine(flat_grad(behaviour_clip, params), weighted),
+            "proximal": cosine(flat_grad(proximal_clip, params), weighted),
+            "outside": float(outside.float().mean()), "kl": stats["behaviour_kl"]}
+
+
+def test_a_batch_four_versions_old_keeps_the_importance_weighted_direction():
+    result = first_step_gradients(lag=4)
+    assert 0.005 < result["kl"] < 0.05, result  # as far as Pong's policy moves in 4 versions (KL 0.012)
+    assert result["outside"] > 0.3, result  # many samples start outside the clip
+    assert result["proximal"] >= 0.9, result
+    assert result["behaviour"] < 0.5, result  # what the clip around the actor's policy gives (-0.46 here)
+
+
+def test_a_fresh_batch_is_plain_ppo():
+    """With no lag the proximal policy is the behaviour policy: weights 1, the same loss."""
+    learner, behaviour, rng = lagged_learner(lag=0)
+    learner.add(fragment(behaviour, rng))
+    samples, stats = learner._samples()
+    torch.testing.assert_close(samples["prox_logp"], samples["logp"], atol=1e-5, rtol=0)
+    assert stats["rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_proximal_values_are_the_learners_own():
+    """Advantages and value targets come from the learner's current values, not the actor's stale ones."""
+    learner, behaviour, rng = lagged_learner(lag=3)
+    batch = fragment(behaviour, rng)
+    learner.add(batch)
+    samples, _ = learner._samples()
+    with torch.no_grad():
+        now = learner.net.value(torch.from_numpy(batch["obs"].reshape(T * K, 8)))
+    torch.testing.assert_close(samples["value"], now)
+    assert not np.allclose(samples["value"].numpy(), batch["value"].reshape(-1))
+
+
+def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
+    calls: list[dict] = []
+    real = ppo_loss
+
+    def spy(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values=None, weights=None):
+        calls.append({"old_logp": old_logp.detach().clone(),
+                      "weights": None if weights is None else weights.detach().clone()})
+        return real(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values, weights)
+
+    monkeypatch.setattr(module, "ppo_loss", spy)
+    return calls
+
+
+@pytest.mark.parametrize("proximal", [True, False])
+def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, proximal):
+    learner, behaviour, rng = lagged_learner(lag=2)
+    learner.cfg = learner.cfg.model_copy(update={"proximal": proximal, "minibatches": 1, "epochs": 1})
+    batch = fragment(behaviour, rng)
+    batch["logp"] = batch["logp"] - 0.05 * rng.random((T, K)).astype(np.float32)  # a behaviour policy of its own
+    with torch.no_grad():  # the learner's policy before the update: the proximal one
+        prox, _, _ = learner.net.evaluate(torch.from_numpy(batch["obs"].reshape(T * K, 8)),
+                                          torch.from_numpy(batch["action"].reshape(-1)))
+    calls = spy_on_ppo_loss(monkeypatch, ppo_module)
+    learner.add(batch)
+    learner.update()
+    (call,) = calls
+    behaviour_logp = batch["logp"].reshape(-1)
+    if proximal:  # clip around the learner's own policy, weights from the fragment's log-probs
+        expected = np.minimum(np.exp(prox.numpy() - behaviour_logp), learner.cfg.rho_bar)
+        np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(expected), rtol=1e-4)
+        np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(prox.numpy()), rtol=1e-5)
+    else:  # the clip around the fragment's own log-probs
+        assert call["weights"] is None
+        np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(behaviour_logp), rtol=1e-6)
