@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.appo import APPOConfig, APPOLearner
-from tianji.algos.mappo import MAPPOConfig, MAPPOLearner
-from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, ppo_loss, proximal_weights
-from tianji.algos.base import Placement
+import tianji.algos.mappo as mappo_module
 import tianji.algos.ppo as ppo_module
+from tianji.algos.base import Placement
+from tianji.algos.mappo import MAPPOConfig, MAPPOLearner, MAPPOPolicy
+from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, ppo_loss, proximal_weights
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
 ACTIONS = gym.spaces.Discrete(6)
@@ -151,3 +151,65 @@ def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(m
     else:  # the clip around the fragment's own log-probs
         assert call["weights"] is None
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(behaviour_logp), rtol=1e-6)
+
+
+TEAM_OBS = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3, 5), np.float32),
+                            "state": gym.spaces.Box(-1, 1, (7,), np.float32),
+                            "avail_actions": gym.spaces.Box(0, 1, (3, 4), np.int8)})
+TEAM_ACTIONS = gym.spaces.MultiDiscrete([4] * 3)
+
+
+def team_fragment(policy: MAPPOPolicy, rng: np.random.Generator, T: int = 6, k: int = 4) -> dict[str, np.ndarray]:
+    rows = {"obs": [], "state": [], "avail_actions": [], "first": [], "action": [], "logp": [], "value": []}
+    for t in range(T):
+        obs = {"obs": rng.normal(size=(k, 3, 5)).astype(np.float32), "state": rng.normal(size=(k, 7)).astype(np.float32),
+               "avail_actions": np.ones((k, 3, 4), np.int8), "first": np.full((k, 1), t == 0)}
+        _, record = policy.act(obs)
+        for key, value in {**obs, **record}.items():
+            rows[key].append(value)
+    arrays = {key: np.stack(value) for key, value in rows.items()}
+    arrays.update(reward=rng.normal(size=(T, k)).astype(np.float32), done=np.zeros((T, k), bool),
+                  terminated=np.zeros((T, k), bool), valid=np.ones((T, k), bool), active=np.ones((T, k, 3), np.float32))
+    last = {"obs": rng.normal(size=(k, 3, 5)).astype(np.float32), "state": rng.normal(size=(k, 7)).astype(np.float32)}
+    return {**arrays, **policy.finish_fragment(arrays, last)}
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16])
+    learner = MAPPOLearner(cfg, TEAM_OBS, TEAM_ACTIONS)
+    behaviour = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
+    behaviour.load_weights(learner.weights())
+    batch = team_fragment(behaviour, rng)
+    with torch.no_grad():  # the learner has moved on since
+        for p in learner.net.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    fresh = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
+    fresh.load_weights(learner.weights())
+    calls = spy_on_ppo_loss(monkeypatch, mappo_module)
+    learner.add(batch)
+    learner.update()
+    (call,) = calls
+    with torch.no_grad():
+        if recurrent:
+            logits = learner_logits_recurrent(fresh, batch)
+        else:
+            logits, _ = fresh.net.logits(torch.from_numpy(batch["obs"].reshape(-1, 3, 5)),
+                                         torch.from_numpy(batch["avail_actions"].reshape(-1, 3, 4)))
+    expected_prox = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(batch["action"].reshape(-1, 3, 1))).squeeze(-1)
+    expected = np.minimum(np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1)), cfg.rho_bar)
+    np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(expected), rtol=1e-4, atol=1e-6)
+
+
+def learner_logits_recurrent(policy: MAPPOPolicy, batch: dict[str, np.ndarray]) -> torch.Tensor:
+    """Logits of the batch's steps replayed through the policy's memory from zero, env by env in step."""
+    policy.h, policy.h0 = None, None
+    out = []
+    for t in range(batch["obs"].shape[0]):
+        obs = {key: batch[key][t] for key in ("obs", "state", "avail_actions", "first")}
+        logits, policy.h = policy.net.logits(torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]),
+                                             policy._memory(obs))
+        out.append(logits)
+    return torch.cat(out)
