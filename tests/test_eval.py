@@ -43,3 +43,26 @@ def test_eval_without_a_checkpoint_says_so(tmp_path, tiny_config):
     (run_dir / "config.yaml").write_text("name: x\n")
     with pytest.raises(CheckpointError, match="no checkpoints/learner.pt yet"):
         evaluate_run(run_dir)
+
+
+def test_eval_video_of_an_atari_run_shows_the_games_screen_in_colour(tmp_path):
+    """The video is the game's own 210x160 colour screen, played by a twin env in step with the agent's
+    first env (same seed, same actions); `view="agent"` records the agent's grey frames instead."""
+    pytest.importorskip("ale_py")
+    imageio = pytest.importorskip("imageio.v2")
+    from tianji.config import load_config
+
+    cfg = load_config("pong-ppo", [f"logging.run_root={tmp_path}", "logging.console=false", "stop.target_return=null",
+                                   "stop.max_env_steps=512", "topology.actors=1", "topology.envs_per_actor=4",
+                                   "topology.fragment_length=32", "env.kwargs.max_num_frames_per_episode=400"])
+    run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
+    screen = evaluate_run(run_dir, episodes=2, video=tmp_path / "screen.gif")
+    frames = imageio.mimread(tmp_path / "screen.gif")
+    assert frames[0].shape[:2] == (210, 160)
+    colours = frames[len(frames) // 2][..., :3].reshape(-1, 3).astype(int)
+    assert (colours.max(1) - colours.min(1)).max() > 50, "a grey picture"  # Pong's orange and green
+    assert len(frames) > 20
+    agent = evaluate_run(run_dir, episodes=2, video=tmp_path / "agent.gif", view="agent")
+    agent_frames = imageio.mimread(tmp_path / "agent.gif")
+    assert agent_frames[0].shape[:2] == (4 * 42 - (4 * 42) % 2, 4 * 42 - (4 * 42) % 2)
+    assert agent["returns"] == screen["returns"]  # the same greedy games either way

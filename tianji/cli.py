@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", help="a run directory")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     evaluate.add_argument("--video", metavar="FILE", help="record the first episode as .mp4 or .gif")
+    evaluate.add_argument("--video-view", choices=["screen", "agent"], default="screen",
+                          help="Atari: the game's own screen in colour (default), or the frames the agent sees")
 
     _add_sweep_parser(sub)
     sub.add_parser("presets", help="list the bundled presets")
@@ -225,7 +227,8 @@ def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float, gpu_lear
 def _eval(args: argparse.Namespace) -> int:
     from tianji.tools.evaluate import evaluate_run
 
-    result = evaluate_run(Path(args.run_dir), args.episodes, Path(args.video) if args.video else None)
+    result = evaluate_run(Path(args.run_dir), args.episodes, Path(args.video) if args.video else None,
+                          view=args.video_view)
     print(f"{args.run_dir}: policy version {result['policy_version']}, {result['episodes']} greedy episodes: "
           f"mean {result['mean']:.2f} +- {result['std']:.2f}, min {result['min']:.2f}, max {result['max']:.2f} "
           f"(mean length {result['length_mean']:.0f})"

@@ -100,11 +100,13 @@ def atari_game(env_id: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def make_atari(cfg: EnvConfig, num_envs: int, threads: int) -> gym.vector.VectorEnv:
+def make_atari(cfg: EnvConfig, num_envs: int, threads: int, screen: dict[str, Any] | None = None
+               ) -> gym.vector.VectorEnv:
     """ale-py's native vector env (its C++ thread pool) with the Nature/DQN preprocessing: 84x84 grey,
     frame skip 4 with max-pool, 4 stacked frames, up to 30 no-ops and fire on reset, no sticky actions
     (the published Pong protocol), episodes of at most 108,000 frames; raw game score as reward
-    (env.reward_clip clips it for training only). env.kwargs override any of AtariVectorEnv's options."""
+    (env.reward_clip clips it for training only). env.kwargs override any of AtariVectorEnv's options;
+    `screen` overrides those in turn (the image options of `make_atari_screen`)."""
     try:
         from ale_py import roms
         from ale_py.vector_env import AtariVectorEnv
@@ -116,11 +118,21 @@ def make_atari(cfg: EnvConfig, num_envs: int, threads: int) -> gym.vector.Vector
     options = {"repeat_action_probability": 0.0, "noop_max": 30, "use_fire_reset": True, "frameskip": 4,
                "stack_num": 4, "img_height": 84, "img_width": 84, "grayscale": True, "maxpool": True,
                "reward_clipping": False, "episodic_life": False, "max_num_frames_per_episode": 108_000,
-               "num_threads": threads, **cfg.kwargs}
+               "num_threads": threads, **cfg.kwargs, **(screen or {})}
     try:
         return AtariVectorEnv(game, num_envs, **options)
     except TypeError as exc:
         raise ConfigError(f"env.kwargs: {exc}") from None
+
+
+ATARI_SCREEN = {"img_height": 210, "img_width": 160, "grayscale": False, "stack_num": 1}
+
+
+def make_atari_screen(cfg: EnvConfig) -> gym.vector.VectorEnv:
+    """One Atari env that shows the game's own screen (210x160, colour) but plays exactly like the first env
+    of `make_atari(cfg, ...)`: same options and seed, and the emulator is deterministic, so fed the same
+    actions it shows what that env's agent saw in its own (grey, smaller, stacked) frames."""
+    return make_atari(cfg, 1, 1, screen=ATARI_SCREEN)
 
 
 def check_env(cfg: EnvConfig) -> None:

@@ -8,7 +8,7 @@ optionally record the first episode as a video (MP4 or GIF).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -16,15 +16,47 @@ import numpy as np
 from tianji.algos import get_algo
 from tianji.algos.base import Placement
 from tianji.config import Config, ConfigError
-from tianji.envs.make import make_vector_env
+from tianji.envs.make import is_atari, make_atari_screen, make_vector_env
 from tianji.runtime.driver.checkpoint import CheckpointError, load_learner
 from tianji.runtime.roles.evaluator import play_greedy
 from tianji.tools.train import load_run_config
 
 VIDEO_FPS = 30
+ATARI_FPS = 15  # 60 emulator frames a second, 4 to an agent step: real time
 
 
-def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, seed: int = 12345) -> dict[str, Any]:
+class ScreenTwin:
+    """The evaluation's vector env, with a twin of its first env (`make_atari_screen`) stepped alongside on
+    the same actions until that env's first episode ends, its colour screen recorded at every step."""
+
+    def __init__(self, envs: Any, twin: Any, frames: list[np.ndarray]):
+        self.envs, self.twin, self.frames = envs, twin, frames
+        self.running = True
+
+    def __getattr__(self, name: str) -> Any:  # num_envs, spaces, recorded_info, ...
+        return getattr(self.envs, name)
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict]:
+        screen, _ = self.twin.reset(seed=seed)
+        self.frames.append(screen[0, -1])
+        self.running = True
+        return self.envs.reset(seed=seed)
+
+    def step(self, actions: np.ndarray) -> tuple:
+        if self.running:
+            screen, _, terminated, truncated, _ = self.twin.step(actions[:1])
+            self.frames.append(screen[0, -1])
+            self.running = not (terminated[0] or truncated[0])
+        return self.envs.step(actions)
+
+    def close(self) -> None:
+        self.twin.close()
+        self.envs.close()
+
+
+def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, seed: int = 12345,
+                 view: Literal["screen", "agent"] = "screen") -> dict[str, Any]:
+    """`view` (Atari videos): the game's own screen in colour, or the frames the agent sees."""
     if episodes < 1:
         raise ConfigError("--episodes: expected at least 1")
     cfg = load_run_config(run_dir)
@@ -32,10 +64,15 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
     if state is None:
         raise CheckpointError(f"{run_dir}: no checkpoints/learner.pt yet; train first")
     envs = make_vector_env(cfg.env, episodes, render=video is not None)
+    frames: list[np.ndarray] = []
+    fps = VIDEO_FPS
     try:
         policy = _policy(cfg, envs, state)
-        frames: list[np.ndarray] = []
-        recorder = _recorder(envs, frames) if video is not None else None
+        recorder = None
+        if video is not None and is_atari(cfg.env) and view == "screen":
+            envs, fps = ScreenTwin(envs, make_atari_screen(cfg.env), frames), ATARI_FPS
+        elif video is not None:
+            recorder = _recorder(envs, frames)
         played = play_greedy(envs, policy, seed, recorder)
     finally:
         envs.close()
@@ -47,7 +84,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
     if played.won is not None:
         result["win_rate"] = float(played.won.mean())
     if video is not None:
-        result["video"] = str(write_video(frames, video))
+        result["video"] = str(write_video(frames, video, fps))
     return result
 
 
@@ -82,7 +119,7 @@ def _frame_of(observation: Any) -> np.ndarray:
     return np.repeat(frame[..., None], 3, axis=2)
 
 
-def write_video(frames: list[np.ndarray], path: Path) -> Path:
+def write_video(frames: list[np.ndarray], path: Path, fps: float = VIDEO_FPS) -> Path:
     """MP4 (ffmpeg from the imageio-ffmpeg wheel) or GIF, chosen by the file's suffix."""
     try:
         import imageio.v2 as imageio
@@ -93,9 +130,9 @@ def write_video(frames: list[np.ndarray], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     frames = [_even(f) for f in frames]
     if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / VIDEO_FPS, loop=0)
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:
-        imageio.mimsave(path, frames, fps=VIDEO_FPS, macro_block_size=1)
+        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
     return path
 
 
