@@ -167,3 +167,46 @@ def test_every_pixel_of_the_frame_reaches_the_trunk(model, size):
     net.body(frames).pow(2).sum().backward()
     seen = frames.grad.abs().sum((0, 1)) > 0
     assert seen.all(), f"pixels never read: rows {(~seen).any(1).nonzero().flatten().tolist()}"
+
+
+@pytest.mark.parametrize("crop, pool", [((14, 78, 0, 84), 2), (None, 3), ((1, 9, 2, 7), 1)])
+def test_frame_view_crops_and_max_pools_every_frame(crop, pool):
+    """env.crop / env.pool: the kept block of each stacked frame, max-pooled (the reference: reshape + max)."""
+    from tianji.envs.make import FrameView
+
+    class Frames(gym.vector.VectorEnv):
+        metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+        num_envs = 3
+        single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+
+    obs = np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
+    view = FrameView(Frames(), crop, pool)
+    top, bottom, left, right = crop or (0, 84, 0, 84)
+    h, w = (bottom - top) // pool, (right - left) // pool
+    kept = obs[:, :, top:top + h * pool, left:left + w * pool]
+    expected = kept.reshape(3, 4, h, pool, w, pool).max(axis=(3, 5))
+    np.testing.assert_array_equal(view.observations(obs), expected)
+    assert view.single_observation_space.shape == (4, h, w)
+
+
+def test_pongs_ball_keeps_its_contrast_when_pooled_not_resized():
+    """The reason for env.pool: at 42x42 ale-py's resize averages Pong's 2-pixel ball into the background;
+    pooled from 84x84 it stays bright."""
+    pytest.importorskip("ale_py")
+    from tianji.envs.config import EnvConfig
+    from tianji.envs.make import make_vector_env
+
+    def brightest_in_play(cfg: EnvConfig) -> list[int]:
+        envs = make_vector_env(cfg, 1)
+        obs, _ = envs.reset(seed=3)
+        rng, peaks = np.random.default_rng(0), []
+        for _ in range(150):
+            obs, *_ = envs.step(rng.integers(0, 6, 1))
+            field = obs[0, -1, int(0.2 * obs.shape[2]):int(0.9 * obs.shape[2])]  # below the score, above the wall
+            peaks.append(int(field.max()) - 87)  # 87: the background's grey
+        envs.close()
+        return peaks
+
+    resized = brightest_in_play(EnvConfig(id="ALE/Pong-v5", kwargs={"img_height": 42, "img_width": 42}))
+    pooled = brightest_in_play(EnvConfig(id="ALE/Pong-v5", crop=(14, 78, 0, 84), pool=2))
+    assert np.median(pooled) > 1.5 * np.median(resized), (np.median(pooled), np.median(resized))

@@ -25,6 +25,13 @@ class EnvConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make "
                                    "(registered ids), the env.entry_point factory, or ale-py's AtariVectorEnv "
                                    "(ALE/ ids, e.g. repeat_action_probability: 0.25 for sticky actions).")
+    crop: tuple[int, int, int, int] | None = Field(
+        None, description="ALE/ ids: [top, bottom, left, right], the rows and columns of each (resized) frame to "
+        "keep, e.g. Pong's playfield without the score at 84x84: [14, 78, 0, 84] (null: the whole frame).")
+    pool: int = Field(1, ge=1, le=8, description="ALE/ ids: max-pool each frame (after the crop) in pool x pool "
+                      "blocks. It shrinks the frame like a resize, but keeps a thin bright object at full contrast "
+                      "(Pong's ball: 139 of 149 grey levels at 84x84 pooled to 42, 58 when the screen is resized "
+                      "to 42x42).")
     reward_clip: float | None = Field(
         None, gt=0, description="Clip rewards to [-reward_clip, reward_clip] for training only; returns in the "
         "metrics and the stop target stay the real game score (Atari presets: 1).")
@@ -36,6 +43,16 @@ class EnvConfig(Section):
             raise ValueError(f"expected 'package.module:factory', got {value!r}")
         return value
 
+    @field_validator("crop")
+    @classmethod
+    def _crop_in_order(cls, value: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+        if value is not None:
+            top, bottom, left, right = value
+            if not (0 <= top < bottom and 0 <= left < right):
+                raise ValueError(f"expected [top, bottom, left, right] with 0 <= top < bottom and 0 <= left < right, "
+                                 f"got {list(value)}")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _one_source(cls, data: Any) -> Any:
@@ -45,6 +62,12 @@ class EnvConfig(Section):
             if data.get("id") is None and data.get("entry_point") is None:
                 data = {**data, "id": DEFAULT_ENV_ID}
         return data
+
+    @model_validator(mode="after")
+    def _frames_of_atari(self) -> "EnvConfig":
+        if (self.crop is not None or self.pool > 1) and not (self.id or "").startswith("ALE/"):
+            raise ValueError(f"env.crop and env.pool apply to Atari (ALE/ ids), not to {self.describe()}")
+        return self
 
     def describe(self) -> str:
         return f"env.id {self.id!r}" if self.id is not None else f"env.entry_point {self.entry_point!r}"
