@@ -151,3 +151,18 @@ def wait_for(predicate, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def newest_set(run_dir: Path) -> Path:
+    """The newest checkpoint set of a run that verifies (run_dir/checkpoints/set-NNNNNN)."""
+    from tianji.runtime.driver.checkpoint import CheckpointSets
+
+    return CheckpointSets(run_dir / "checkpoints").newest_good().path
+
+
+def has_set(run_dir: Path) -> bool:
+    try:
+        newest_set(run_dir)
+        return True
+    except ValueError:  # CheckpointError: nothing written yet
+        return False

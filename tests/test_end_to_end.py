@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive, child_pids, wait_for
+from conftest import alive, child_pids, wait_for, newest_set
 
 from tianji.runtime.driver.checkpoint import load_learner
 from tianji.runtime.transport.shm import shm_root
@@ -31,7 +31,7 @@ def check_run_dir(run_dir: Path, min_steps: int) -> dict:
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert rows and {"env/return_mean100", "perf/env_steps_per_s", "balance/lag_max", "perf/learner_busy"} <= set(rows[0])
     assert any((run_dir / "tensorboard").iterdir())
-    state = torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)
+    state = torch.load(newest_set(run_dir) / "learner.pt", weights_only=True)
     assert state["version"] == summary["policy_version"] > 0
     return summary
 
@@ -84,7 +84,7 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     assert not [p for p in children if alive(p)], "every child process must end"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted"
-    assert (run_dir / "checkpoints" / "learner.pt").exists()
+    assert (newest_set(run_dir) / "learner.pt").exists()
     assert f"run directory: {run_dir}" in output.splitlines()
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import alive, wait_for
+from conftest import alive, wait_for, newest_set
 
 from tianji.runtime.driver.checkpoint import load_learner
 from tianji.runtime.transport.links import sweep_leftovers
@@ -51,8 +51,8 @@ def kill_mid_run(run_dir: Path, role: str, *overrides: str, timeout_s: float = 1
 
 def checkpoint_version(run_dir: Path) -> int:
     try:
-        return int(torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)["version"])
-    except (OSError, RuntimeError, EOFError, KeyError):  # not written yet
+        return int(torch.load(newest_set(run_dir) / "learner.pt", weights_only=True)["version"])
+    except (OSError, RuntimeError, EOFError, KeyError, ValueError):  # not written yet
         return -1
 
 
@@ -65,7 +65,7 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
     process = start_training(run_dir, "stop.target_return=null", "stop.max_wall_time_s=120", "checkpoint.interval_s=0.5")
     try:
         assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0
-                        and (run_dir / "checkpoints" / "driver.json").exists(), 60), "the run did not get going"
+                        and (newest_set(run_dir) / "driver.json").exists(), 60), "the run did not get going"
         roles = json.loads((run_dir / "roles.json").read_text())
         os.kill(process.pid, signal.SIGKILL)  # the OOM killer, a scheduler, a closed SSH session
         process.wait(10)
@@ -76,7 +76,7 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
             process.kill()
     assert leftovers_of(process.pid), "a killed driver cannot clean up: its sockets and slot files stay"
 
-    saved = json.loads((run_dir / "checkpoints" / "driver.json").read_text())
+    saved = json.loads((newest_set(run_dir) / "driver.json").read_text())
     version = load_learner(run_dir / "checkpoints")["version"]
     more = saved["env_steps"] + 20_000
     result = subprocess.run([sys.executable, "-m", "tianji", "train", "--resume", str(run_dir), "--set",

@@ -6,6 +6,7 @@ import pytest
 
 from tianji.config import load_config
 from tianji.tools.train import train
+from conftest import newest_set
 
 
 @pytest.mark.slow
@@ -47,4 +48,4 @@ def test_two_learners_reach_the_target(preset, overrides, tmp_path):
     assert summary["target_reached"], summary
     assert set(summary["learners"]) == {"learner0", "learner1"}
     assert all(s["updates"] > 0 for s in summary["learners"].values()), "each learner trains on its own actors' data"
-    assert (run_dir / "checkpoints" / "learner.pt").exists() and (run_dir / "checkpoints" / "learner-rank1.pt").exists()
+    assert (newest_set(run_dir) / "learner.pt").exists() and (newest_set(run_dir) / "learner-rank1.pt").exists()

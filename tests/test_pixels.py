@@ -14,6 +14,7 @@ from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, pool_path, remove_pools
 from tianji.tools.train import train
+from conftest import newest_set
 
 
 def test_nature_cnn_takes_frames_first_or_last_and_gives_512_features():
@@ -94,7 +95,7 @@ def test_pong_runs_end_to_end_with_the_real_emulator(algo, learners, tmp_path):
     envs.close()
     run_dir, summary = train(cfg, "local")
     assert summary["env_steps"] >= 2560 and summary["updates"] >= 1 and summary["fragments_dropped"] == 0
-    assert (run_dir / "checkpoints" / "learner.pt").exists()
+    assert (newest_set(run_dir) / "learner.pt").exists()
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from tianji.runtime.roles.loops import actor_main, learner_main
 from tianji.runtime.transport.links import Endpoints, LearnerLink
 from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
+from conftest import newest_set
 
 
 def bound(ctx, kind, endpoint):
@@ -79,6 +80,7 @@ def ppo_fragment(cfg):
         "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
         "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool),
         "bootstrap_value": np.zeros(k, np.float32),
+        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
     }
 
 
@@ -144,7 +146,7 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         assert "checkpoint" in kinds
         process.join(10)
         assert process.exitcode == 0
-        assert (run.checkpoint_dir / "learner.pt").exists()
+        assert list((run.checkpoint_dir / "staging").glob("learner-r0-v*.pt"))  # staged, for the driver to make a set
     finally:
         if process.is_alive():
             process.kill()

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import wait_for, newest_set, has_set
 
 from tianji.config import load_config
 from tianji.tools.train import train
@@ -52,15 +52,14 @@ def cluster_for(request):
 
 def remove_node_of(cluster, run_dir, role: str, removed: dict) -> None:
     """Once the run has trained a while, remove the node `role` runs on."""
-    placement, checkpoint = run_dir / "placement.json", run_dir / "checkpoints" / "learner.pt"
-    if not wait_for(lambda: placement.exists() and checkpoint.exists(), 120):
+    placement = run_dir / "placement.json"
+    if not wait_for(lambda: placement.exists() and has_set(run_dir), 120):
         return
     time.sleep(0.2)
     node_id = json.loads(placement.read_text())[role]["node"]
     node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
     removed["node"] = node_id
-    removed["version"] = json.loads((run_dir / "checkpoints" / "driver.json").read_text()).get("version", 0) \
-        if (run_dir / "checkpoints" / "driver.json").exists() else 0
+    removed["version"] = json.loads((newest_set(run_dir) / "driver.json").read_text()).get("version", 0)
     cluster.remove_node(node, allow_graceful=False)
 
 

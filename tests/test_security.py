@@ -40,6 +40,7 @@ def fragment_frames(cfg, slot):
         "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
         "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
         "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool), "bootstrap_value": np.zeros(k, np.float32),
+        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
     }
     return encode({"kind": "fragment", "slot": slot, "actor": 0, "seq": slot, "version": 0, "env_steps": T * k,
                    "epoch": 0}, arrays)

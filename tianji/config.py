@@ -137,6 +137,8 @@ class RayConfig(Section):
 
 class CheckpointConfig(Section):
     interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
+    keep: int = Field(3, ge=1, description="Checkpoint sets kept (each verified by its manifest); a resume takes the "
+                      "newest that verifies.")
 
 
 class Config(Section):

@@ -7,6 +7,7 @@ optionally record the first episode as a video (MP4 or GIF).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from tianji.algos import get_algo
 from tianji.algos.base import Placement
 from tianji.config import Config, ConfigError
 from tianji.envs.make import is_atari, make_atari_screen, make_vector_env
-from tianji.runtime.driver.checkpoint import CheckpointError, load_learner
+from tianji.runtime.driver.checkpoint import CheckpointError, CheckpointSets
 from tianji.runtime.roles.evaluator import play_greedy
 from tianji.tools.train import load_run_config
 
@@ -60,9 +61,12 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
     if episodes < 1:
         raise ConfigError("--episodes: expected at least 1")
     cfg = load_run_config(run_dir)
-    state = load_learner(run_dir / "checkpoints")
+    good = CheckpointSets(run_dir / "checkpoints").newest_good()  # CheckpointError when there is none
+    for line in good.skipped:
+        print(f"warning: {line}; playing an older set", file=sys.stderr, flush=True)
+    state = good.learner_state()
     if state is None:
-        raise CheckpointError(f"{run_dir}: no checkpoints/learner.pt yet; train first")
+        raise CheckpointError(f"{good.path}: no learner.pt in it")
     envs = make_vector_env(cfg.env, episodes, render=video is not None)
     frames: list[np.ndarray] = []
     fps = VIDEO_FPS

@@ -14,7 +14,8 @@ from tianji import __version__
 from tianji.algos import get_algo
 from tianji.config import Config, ConfigError, build_config, to_yaml
 from tianji.envs.make import env_spaces
-from tianji.runtime.driver.checkpoint import load_driver, save_driver
+from tianji.runtime.driver.checkpoint import CheckpointSets, describe_os_error
+from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.launchers.registry import LAUNCHERS
@@ -64,6 +65,18 @@ def _write_meta(run: RunContext, launcher: str) -> None:
     (run.run_dir / name).write_text(json.dumps(meta, indent=2))
 
 
+def resume_from(run: RunContext) -> dict[str, Any] | None:
+    """Verify the run's checkpoints before any role starts: the newest good set's driver counters (a
+    damaged newer set is named in one line each); CheckpointError when no set is good."""
+    good = CheckpointSets(run.checkpoint_dir).newest_good()
+    for line in good.skipped:
+        print(f"warning: {line}; resuming from an older set", file=sys.stderr, flush=True)
+    if good.skipped:
+        print(f"resuming from {good.path.name} (policy version {good.policy_version})", file=sys.stderr, flush=True)
+    good.learner_state(0)  # loadable (the learners read it again when they start)
+    return good.driver_state()
+
+
 def check_env_and_algo(cfg: Config) -> None:
     """Fail before anything starts when the env cannot be built or the algorithm cannot take its spaces.
     Builds one env here, so the user's module is imported in the driver as well as in every role."""
@@ -94,7 +107,7 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
     if resume is not None:
         path = Path(resume)
         run = RunContext(cfg, path, t0, resumed=True)
-        resumed_state = load_driver(run.checkpoint_dir)
+        resumed_state = resume_from(run)
     else:
         path = new_run_dir(cfg, run_dir)
         (path / "config.yaml").write_text(to_yaml(cfg))
@@ -112,7 +125,10 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
         monitor.tick(force=True)
     finally:  # a failed run still leaves its counters and summary behind
         monitor.close()
-        save_driver(run.checkpoint_dir, monitor.state())
+        CheckpointKeeper(run, monitor).final()
         summary = monitor.summary(reason)
-        (path / "summary.json").write_text(json.dumps(summary, indent=2))
+        try:
+            (path / "summary.json").write_text(json.dumps(summary, indent=2))
+        except OSError as exc:  # a full disk: the summary is still printed and returned
+            log.warning("summary.json not written: %s", describe_os_error(exc))
     return path, summary

@@ -11,6 +11,7 @@ role's previous event, so a restarted role never counts twice:
 
 from __future__ import annotations
 
+import re
 from numbers import Real
 from typing import Any, Literal, TypedDict, Union
 
@@ -74,10 +75,13 @@ class EvalEvent(TypedDict, total=False):
     win_rate: float  # envs that report wins
 
 
-class CheckpointNotice(TypedDict):
-    kind: Literal["checkpoint"]  # a learner checkpoint was written (or its bytes follow, from another machine)
+class CheckpointNotice(TypedDict, total=False):
+    kind: Literal["checkpoint"]  # a learner checkpoint was staged (or its bytes follow, from another machine)
     version: int
     rank: int
+    epoch: int  # of the learner group that wrote it
+    staged: str  # its file in checkpoints/staging/ (absent: the bytes follow)
+    failed: str  # the write failed (a full disk): why, and where
 
 
 class MeasuredCosts(TypedDict):
@@ -113,8 +117,14 @@ def measured(role: str, costs: dict[str, float]) -> MeasuredCosts:
     return {"kind": "measured", "role": role, "costs": costs}
 
 
-def checkpoint_notice(version: int, rank: int) -> CheckpointNotice:
-    return {"kind": "checkpoint", "version": version, "rank": rank}
+def checkpoint_notice(version: int, rank: int, epoch: int = 0, staged: str | None = None,
+                      failed: str | None = None) -> CheckpointNotice:
+    notice: CheckpointNotice = {"kind": "checkpoint", "version": version, "rank": rank, "epoch": epoch}
+    if staged is not None:
+        notice["staged"] = staged
+    if failed is not None:
+        notice["failed"] = failed
+    return notice
 
 
 def heartbeat(role: str) -> RoleNote:
@@ -141,7 +151,21 @@ def checked_event(header: dict[str, Any]) -> Event:
         value = header.get(key, 0)
         if not isinstance(value, Real) or isinstance(value, bool):
             raise WireError(f"{kind} event field {key!r} must be a number, got {value!r}")
+    if kind == "checkpoint":
+        _check_notice(header)
     if kind == "measured" and not (isinstance(header.get("costs"), dict) and all(
             isinstance(v, Real) and not isinstance(v, bool) for v in header["costs"].values())):
         raise WireError(f"measured event field 'costs' must map names to numbers, got {header.get('costs')!r}")
     return header  # type: ignore[return-value]
+
+
+def _check_notice(header: dict[str, Any]) -> None:
+    for key in ("version", "rank", "epoch"):
+        value = header.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise WireError(f"checkpoint notice field {key!r} must be a non-negative int, got {value!r}")
+    staged = header.get("staged")
+    if staged is not None and not (isinstance(staged, str) and re.fullmatch(r"learner-r\d+-v\d+-e\d+\.pt", staged)):
+        raise WireError(f"checkpoint notice field 'staged' must name a staged learner file, got {staged!r}")
+    if "failed" in header and not isinstance(header["failed"], str):
+        raise WireError(f"checkpoint notice field 'failed' must be a string, got {header['failed']!r}")

@@ -8,6 +8,7 @@ The monitor turns events into rows with fixed prefixes (`env/`, `perf/`, `balanc
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import Any
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
 from tianji.runtime.driver.events import ACTOR_COUNTERS, LEARNER_COUNTERS, ActorEvent, EvalEvent, Event, LearnerEvent
+from tianji.runtime.driver.checkpoint import describe_os_error
 from tianji.runtime.driver.stop import StopConditions
 from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 
+log = logging.getLogger("tianji")
 WINDOW = 100
 # the run's totals name some role counters after their role (both sides have busy and wait time)
 ACTOR_TOTALS = {"busy_s": "actor_busy_s", "wait_s": "actor_wait_s", "fragments": "fragments_sent"}
@@ -67,6 +70,7 @@ class Monitor:
         self._writer = RowWriter(run_dir, cfg.logging.tensorboard)
         self._console = ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
         self.last_row: dict[str, float] = {}
+        self._last_write_warning = 0.0
 
     # ------------------------------------------------------------ events
     def elapsed(self) -> float:
@@ -167,8 +171,19 @@ class Monitor:
         lags, self._window_lags = self._window_lags, []
         row = self._row(delta, max(dt, 1e-9), lags)
         self.last_row = row
-        self._writer.write(row, lags)
+        self._write(row, lags)
         self._console.show(row)
+
+    def _write(self, row: dict[str, float], lags: list[int]) -> None:
+        """One metrics row to every file; a full disk costs rows (counted, logged once per interval), never the run."""
+        try:
+            self._writer.write(row, lags)
+        except OSError as exc:
+            failures = self.count("metrics_write_failures")
+            if time.time() - self._last_write_warning >= self.cfg.logging.interval_s:
+                log.warning("metrics row not written: %s; training goes on (%d rows lost so far)",
+                            describe_os_error(exc, self.run_dir / "metrics.*"), int(failures))
+                self._last_write_warning = time.time()
 
     def _row(self, d: dict[str, float], dt: float, lags: list[int]) -> dict[str, float]:
         actors = self.cfg.topology.actors
@@ -253,6 +268,8 @@ class Monitor:
             "refused_peers": int(self.totals["refused_peers"]),
             "fragments_over_network": int(self.totals["fragments_in_frames"]),  # the rest came through shared memory
             "role_restarts": int(self.totals["role_restarts"]),
+            "checkpoint_write_failures": int(self.totals["checkpoint_write_failures"]),  # a full disk, say
+            "metrics_write_failures": int(self.totals["metrics_write_failures"]),
             "learner_restarts": int(self.totals["learner_restarts"]),
             "updates": int(self.totals["updates"]),
             "samples_trained": int(self.totals["samples_trained"]),
@@ -291,4 +308,8 @@ class Monitor:
 
     def close(self) -> None:
         self._console.finish()
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as exc:  # buffered rows that a full disk refused
+            self.count("metrics_write_failures")
+            log.warning("metrics files not closed cleanly: %s", describe_os_error(exc))

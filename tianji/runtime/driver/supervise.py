@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import zmq
 
-from tianji.runtime.driver.checkpoint import save_driver, save_learner_bytes
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.events import checked_event
+from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.transport.links import ControlChannel, log, log_rejected
 from tianji.runtime.transport.wire import WireError, pack_header, unpack_header
@@ -60,6 +60,7 @@ class Roles(Protocol):
 class _Supervisor:
     def __init__(self, run: RunContext, monitor: Monitor, events: zmq.Socket, control: ControlChannel, roles: Roles):
         self.run, self.monitor, self.events, self.control, self.roles = run, monitor, events, control, roles
+        self.keeper = CheckpointKeeper(run, monitor)
         self.started = time.time()
         self.last_seen: dict[str, float] = {}  # role -> time of its last event
         self.rejected = 0
@@ -83,11 +84,7 @@ class _Supervisor:
             self.last_seen[event["role"]] = time.time()
         kind = event["kind"]
         if kind == "checkpoint":
-            rank = event.get("rank", 0)
-            if payload and isinstance(rank, int) and rank >= 0:  # from a learner on another machine
-                save_learner_bytes(self.run.checkpoint_dir, payload[0], rank)
-            if rank == 0:
-                save_driver(self.run.checkpoint_dir, self.monitor.state())
+            self.keeper.on_notice(event, payload)
         elif kind == "error":
             log.error("%s failed:\n%s", event.get("role"), event.get("message"))
         else:

@@ -12,29 +12,31 @@ from collections import deque
 
 import torch
 
-from tianji.runtime.driver.checkpoint import load_learner, save_driver, save_learner
+from tianji.runtime.driver.checkpoint import FileStore
 from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import LearnerService
+from tianji.runtime.transport.wire import unpack_header
 
 
 def run_inline(run: RunContext, monitor: Monitor) -> str:
     """Train until a stop condition; returns the stop reason."""
     cfg = run.cfg
     torch.set_num_threads(cfg.topology.learner_threads)
-    service = LearnerService(build_learner(cfg, load_learner(run.checkpoint_dir) if run.resumed else None), cfg)
+    store, keeper = FileStore(run.checkpoint_dir), CheckpointKeeper(run, monitor)
+    service = LearnerService(build_learner(cfg, store.load() if run.resumed else None), cfg)
     actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
     credits: dict[int, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
     for actor in actors:
         actor.set_weights(*service.hello(actor.actor_id, {"kind": "hello", "actor": actor.actor_id}))
     actor_reporters = [ActorReporter(a) for a in actors]
 
-    def checkpoint() -> None:
-        save_learner(run.checkpoint_dir, service.learner.state_dict())
-        save_driver(run.checkpoint_dir, monitor.state())
+    def checkpoint() -> None:  # what a learner process sends, handled as the driver handles it
+        keeper.on_notice(unpack_header(store.save(service.learner.state_dict())[0]), [])
 
     evaluator = build_evaluator(cfg) if cfg.eval.interval_s is not None else None
     last_eval = time.time()

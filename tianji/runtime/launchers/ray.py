@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 from tianji.config import Config, ConfigError, build_config
-from tianji.runtime.driver.checkpoint import ShippedStore, restore_path
+from tianji.runtime.driver.checkpoint import CheckpointSets, ShippedStore
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
@@ -77,8 +77,8 @@ def role_process(spec: dict[str, Any]) -> None:
         listen = replace(endpoints, fragments=spec["listen"]["fragments"], weights=spec["listen"]["weights"])
 
         def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
-            learner_loop(run, token, spec["epoch"], bind_learner(ctx, listen), ShippedStore(restore, rank), events,
-                         driver, rank, group_spec)
+            learner_loop(run, token, spec["epoch"], bind_learner(ctx, listen), ShippedStore(restore, rank, spec["epoch"]),
+                         events, driver, rank, group_spec)
 
         run_role(name, run, topology.learner_threads, endpoints, loop, driver_pid=parent)
     elif name == "evaluator":
@@ -401,7 +401,8 @@ class RayRoles:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
         if not (self.run.resumed or self.learner_epoch > 0):
             return None
-        path = restore_path(self.run.checkpoint_dir, rank, restart=self.learner_epoch > 0)
+        good = CheckpointSets(self.run.checkpoint_dir).newest_good(required=False)
+        path = None if good is None else good.learner_path(rank, restart=self.learner_epoch > 0)
         return None if path is None else path.read_bytes()
 
     def _record(self) -> None:

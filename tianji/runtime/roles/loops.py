@@ -218,8 +218,8 @@ def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, even
 def learner_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, epoch: int = 0,
                  rank: int = 0, group: GroupSpec | None = None) -> None:
     def loop(ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
-        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir, rank), events,
-                     driver, rank, group)
+        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir, rank, epoch),
+                     events, driver, rank, group)
 
     run_role(f"learner{rank}", run, run.cfg.topology.learner_threads, endpoints, loop, driver_pid=driver_pid)
 

@@ -52,6 +52,7 @@ class LearnerService:
         self.published_weights = learner.weights()
         self.clock = clock
         self._last_event = self._last_checkpoint = clock()
+        self._checkpointed_version = learner.version  # a resumed learner's is on disk already
 
     # ------------------------------------------------------------ messages in
 
@@ -125,7 +126,12 @@ class LearnerService:
         return self._due("_last_event", EVENT_INTERVAL_S)
 
     def checkpoint_due(self) -> bool:
-        return self._due("_last_checkpoint", self.checkpoint_interval_s)
+        """A periodic checkpoint is due (not when the learner has not trained since the last one)."""
+        if self.learner.version == self._checkpointed_version or not self._due("_last_checkpoint",
+                                                                                 self.checkpoint_interval_s):
+            return False
+        self._checkpointed_version = self.learner.version
+        return True
 
     def _due(self, last: str, interval_s: float) -> bool:
         now = self.clock()
