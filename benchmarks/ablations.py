@@ -35,20 +35,28 @@ def variants(algo: str, seed_for_random: int, planned: list[str]) -> list[tuple[
     """(name, overrides) for one algorithm; the preset itself is 'balance on'; `planned` is the
     layout `tianji plan` chose."""
     rng = random.Random(seed_for_random)
-    random_layout = [f"topology.actors={rng.choice([1, 2, 3, 4])}",
-                     f"topology.envs_per_actor={rng.choice([4, 8, 16, 64])}"]
+    random_layout = [
+        f"topology.actors={rng.choice([1, 2, 3, 4])}",
+        f"topology.envs_per_actor={rng.choice([4, 8, 16, 64])}",
+    ]
     if algo == "ppo":
         steps = 32 * 64
         random_layout.append(f"topology.fragment_length={steps // int(random_layout[1].split('=')[1])}")
         rows = [
             ("balance on (preset)", []),
-            ("balance off (no back-pressure, no lag bound)",
-             ["balance.backpressure=false", f"balance.max_policy_lag={NO_BOUND}"]),
-            ("more old samples (16 in flight per actor, no lag bound)",
-             ["balance.max_inflight=16", f"balance.max_policy_lag={NO_BOUND}"]),
+            (
+                "balance off (no back-pressure, no lag bound)",
+                ["balance.backpressure=false", f"balance.max_policy_lag={NO_BOUND}"],
+            ),
+            (
+                "more old samples (16 in flight per actor, no lag bound)",
+                ["balance.max_inflight=16", f"balance.max_policy_lag={NO_BOUND}"],
+            ),
             (PLANNED, planned),
-            (f"random layout ({random_layout[0].split('=')[1]} actors x {random_layout[1].split('=')[1]} envs)",
-             random_layout),
+            (
+                f"random layout ({random_layout[0].split('=')[1]} actors x {random_layout[1].split('=')[1]} envs)",
+                random_layout,
+            ),
         ]
     else:
         rows = [
@@ -60,26 +68,37 @@ def variants(algo: str, seed_for_random: int, planned: list[str]) -> list[tuple[
     # several learners (2 actors in all, one per learner): the strict and the relaxed synchronisation
     group = ["topology.learners=2", "topology.actors=2"]
     rows += [("2 learners, allreduce every step", [*group, "sync.mode=allreduce"])]
-    rows += [(f"2 learners, average every {k} update{'s' if k > 1 else ''}", [*group, "sync.mode=average",
-                                                                           f"sync.every={k}"]) for k in (1, 4, 16)]
-    rows += [("2 learners, average every update, own Adam moments", [*group, "sync.mode=average", "sync.every=1",
-                                                                     "sync.average_optimizer=false"])]
+    rows += [
+        (
+            f"2 learners, average every {k} update{'s' if k > 1 else ''}",
+            [*group, "sync.mode=average", f"sync.every={k}"],
+        )
+        for k in (1, 4, 16)
+    ]
+    rows += [
+        (
+            "2 learners, average every update, own Adam moments",
+            [*group, "sync.mode=average", "sync.every=1", "sync.average_optimizer=false"],
+        )
+    ]
     return rows
 
 
 def plan_layout(algo: str) -> tuple[list[str], float]:
     """The overrides `tianji plan PRESET` prints as its choice, and how long the command took."""
     started = time.time()
-    output = subprocess.run([sys.executable, "-m", "tianji", "plan", PRESET[algo]], check=True,
-                            capture_output=True, text=True).stdout
+    output = subprocess.run(
+        [sys.executable, "-m", "tianji", "plan", PRESET[algo]], check=True, capture_output=True, text=True
+    ).stdout
     chosen = next(line for line in output.splitlines() if line.startswith("chosen:"))
     return re.findall(r"--set (\S+)", chosen), time.time() - started
 
 
 def hand_layouts(table: list[tuple[str, list[str]]]) -> set[str]:
     """Rows that fix a layout by hand: the preset and rows that override only the topology."""
-    return {name for name, overrides in table
-            if name != PLANNED and all(item.startswith("topology.") for item in overrides)}
+    return {
+        name for name, overrides in table if name != PLANNED and all(item.startswith("topology.") for item in overrides)
+    }
 
 
 def planned_vs_best_hand(rows: list[dict], hand_names: set[str]) -> list[str]:
@@ -90,15 +109,21 @@ def planned_vs_best_hand(rows: list[dict], hand_names: set[str]) -> list[str]:
         return []
     hand = [r for r in rows if r["variant"] in hand_names]
     lines = []
-    for label, pool in (("best hand layout", hand),
-                        ("best other layout", [r for r in hand if r["layouts"] != planned["layouts"]])):
+    for label, pool in (
+        ("best hand layout", hand),
+        ("best other layout", [r for r in hand if r["layouts"] != planned["layouts"]]),
+    ):
         if pool:
             best = min(pool, key=lambda r: r["time_to_target_s"])
-            lines.append(f"planned layout / {label} ({best['variant']}, {','.join(best['layouts'])}): "
-                         f"{planned['time_to_target_s'] / best['time_to_target_s']:.2f}")
+            lines.append(
+                f"planned layout / {label} ({best['variant']}, {','.join(best['layouts'])}): "
+                f"{planned['time_to_target_s'] / best['time_to_target_s']:.2f}"
+            )
     same = [r["time_to_target_s"] for r in [planned, *hand] if r["layouts"] == planned["layouts"]]
-    lines.append(f"rows with the planned layout {','.join(planned['layouts'])}: "
-                 f"{min(same):.1f}-{max(same):.1f} s (run-to-run noise)")
+    lines.append(
+        f"rows with the planned layout {','.join(planned['layouts'])}: "
+        f"{min(same):.1f}-{max(same):.1f} s (run-to-run noise)"
+    )
     return lines
 
 
@@ -134,13 +159,17 @@ def summarize(name: str, runs: list[dict], cap: float) -> dict:
 
 def print_table(algo: str, rows: list[dict]) -> None:
     print(f"\n{PRESET[algo]} (median over seeds; misses count as the {CAP_S[algo]} s cap)")
-    print(f"{'variant':<58} {'reached':>7} {'time s':>7} {'steps':>9} {'steps/s':>9} {'upd/s':>7} {'lag avg':>7} "
-          f"{'lag max':>8}  layout")
+    print(
+        f"{'variant':<58} {'reached':>7} {'time s':>7} {'steps':>9} {'steps/s':>9} {'upd/s':>7} {'lag avg':>7} "
+        f"{'lag max':>8}  layout"
+    )
     for r in rows:
         steps = "-" if r["env_steps_to_target"] is None else f"{r['env_steps_to_target']:,.0f}"
-        print(f"{r['variant']:<58} {r['reached']:>7} {r['time_to_target_s']:>7.1f} {steps:>9} "
-              f"{r['env_steps_per_s']:>9,.0f} {r.get('updates_per_s', float('nan')):>7.1f} {r['lag_mean']:>7.1f} "
-              f"{r['lag_max']:>8}  {','.join(r['layouts'])}")
+        print(
+            f"{r['variant']:<58} {r['reached']:>7} {r['time_to_target_s']:>7.1f} {steps:>9} "
+            f"{r['env_steps_per_s']:>9,.0f} {r.get('updates_per_s', float('nan')):>7.1f} {r['lag_mean']:>7.1f} "
+            f"{r['lag_max']:>8}  {','.join(r['layouts'])}"
+        )
 
 
 def plot(results: dict[str, list[dict]], out: Path) -> None:
@@ -172,8 +201,13 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
     parser.add_argument("--out", default="ablations.png", help="plot path (a .json with the table goes beside it)")
-    parser.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
-                        help="only the variants whose name contains one of these (e.g. planned actor)")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        metavar="TEXT",
+        help="only the variants whose name contains one of these (e.g. planned actor)",
+    )
     args = parser.parse_args()
     started = time.time()
     results: dict[str, list[dict]] = {}

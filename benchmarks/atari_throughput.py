@@ -74,9 +74,23 @@ def learner_rate(cfg, seconds: float) -> float:
 def end_to_end_rate(preset: str, overrides: list[str], seconds: float) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir), "--set",
-                   "logging.console=false", "--set", "stop.target_return=null", "--set",
-                   f"stop.max_wall_time_s={seconds + 20}", "--set", "logging.interval_s=1"]
+        command = [
+            sys.executable,
+            "-m",
+            "tianji",
+            "train",
+            preset,
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "logging.console=false",
+            "--set",
+            "stop.target_return=null",
+            "--set",
+            f"stop.max_wall_time_s={seconds + 20}",
+            "--set",
+            "logging.interval_s=1",
+        ]
         for item in overrides:
             command += ["--set", item]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -102,14 +116,18 @@ def main() -> None:
     limit = cores / (1 / acting + 1 / training)
     end_to_end, busy = end_to_end_rate(args.preset, args.overrides, args.seconds)
     k, T = cfg.topology.envs_per_actor, cfg.topology.fragment_length
-    print(f"{args.preset} on {cores} cores ({k} envs per actor, fragments of {T} steps, "
-          f"{cfg.topology.actors} actor(s), {cfg.topology.learners} learner(s))")
+    print(
+        f"{args.preset} on {cores} cores ({k} envs per actor, fragments of {T} steps, "
+        f"{cfg.topology.actors} actor(s), {cfg.topology.learners} learner(s))"
+    )
     print(f"  raw env, random actions, 1 thread      {raw:>9,.0f} env steps/s")
     print(f"  one actor (env + inference), 1 core    {acting:>9,.0f} env steps/s")
     print(f"  one learner, 1 core                    {training:>9,.0f} samples/s")
     print(f"  balanced limit on {cores} cores            {limit:>9,.0f} env steps/s")
-    print(f"  end to end (tianji train, steady)      {end_to_end:>9,.0f} env steps/s "
-          f"(actor busy {busy['actor_busy']:.0%}, learner busy {busy['learner_busy']:.0%})")
+    print(
+        f"  end to end (tianji train, steady)      {end_to_end:>9,.0f} env steps/s "
+        f"(actor busy {busy['actor_busy']:.0%}, learner busy {busy['learner_busy']:.0%})"
+    )
     print(f"  end to end / balanced limit            {end_to_end / limit:>9.2f}")
 
 

@@ -27,7 +27,7 @@ from common import run_tianji
 
 TARGET = 475.0
 
-SB3_SCRIPT = textwrap.dedent('''
+SB3_SCRIPT = textwrap.dedent("""
     import json, sys, time
     T0 = time.time()
     import gymnasium as gym
@@ -71,7 +71,7 @@ SB3_SCRIPT = textwrap.dedent('''
     stop = Stop()
     model.learn(total, callback=stop)
     print(json.dumps(stop.result))
-''')
+""")
 
 
 def run_ours(seed: int, preset: str, overrides: list[str], root: Path) -> dict:
@@ -80,8 +80,12 @@ def run_ours(seed: int, preset: str, overrides: list[str], root: Path) -> dict:
 
 
 def run_sb3(seed: int, max_s: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", SB3_SCRIPT, str(seed), str(max_s), str(TARGET)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SB3_SCRIPT, str(seed), str(max_s), str(TARGET)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -95,8 +99,10 @@ def report(name: str, rows: list[dict], key: str = "time_s") -> float | None:
     # a seed that missed counts as +infinity, so the median is defined only when most seeds reached
     times = sorted(r[key] if r["reached"] else float("inf") for r in rows)
     median = statistics.median(times)
-    print(f"reached {reached}/{len(rows)}; median time to target: "
-          f"{'not reached' if median == float('inf') else f'{median:.1f} s'}")
+    print(
+        f"reached {reached}/{len(rows)}; median time to target: "
+        f"{'not reached' if median == float('inf') else f'{median:.1f} s'}"
+    )
     return None if median == float("inf") else median
 
 
@@ -130,10 +136,12 @@ def main() -> None:
         return
     theirs = [run_sb3(seed, args.sb3_max_s) for seed in range(args.sb3_seeds)]
     cap = args.sb3_max_s
-    with_eval = report(f"Stable-Baselines3 DQN (rl-zoo hyperparameters, cap {cap:.0f} s), wall clock from "
-                       "command start", theirs)
-    without_eval = report("Stable-Baselines3 DQN, same runs, its evaluation time left out", theirs,
-                          key="time_without_eval_s")
+    with_eval = report(
+        f"Stable-Baselines3 DQN (rl-zoo hyperparameters, cap {cap:.0f} s), wall clock from command start", theirs
+    )
+    without_eval = report(
+        "Stable-Baselines3 DQN, same runs, its evaluation time left out", theirs, key="time_without_eval_s"
+    )
     print()
     speedup("speed-up, median SB3 / median TianJi (both wall clock from command start)", ours_median, with_eval, cap)
     speedup("speed-up, SB3's evaluation time left out", ours_median, without_eval, cap)

@@ -30,13 +30,17 @@ from common import run_tianji
 
 def report(launcher: str, rows: list[dict]) -> float | None:
     print(f"\nlauncher {launcher}")
-    print(f"{'seed':>4} {'reached':>8} {'time_to_target_s':>17} {'env_steps':>10} {'final_mean100':>14} "
-          f"{'lag_mean':>8} {'lag_max':>7}")
+    print(
+        f"{'seed':>4} {'reached':>8} {'time_to_target_s':>17} {'env_steps':>10} {'final_mean100':>14} "
+        f"{'lag_mean':>8} {'lag_max':>7}"
+    )
     for seed, r in enumerate(rows):
         t = r["time_to_target_s"]
-        print(f"{seed:>4} {str(r['target_reached']):>8} {t if t is None else round(t, 2)!s:>17} "
-              f"{r['env_steps_to_target']!s:>10} {r['final_return_mean100']:>14.1f} "
-              f"{r['policy_lag_mean']:>8.2f} {r['policy_lag_max']:>7}")
+        print(
+            f"{seed:>4} {str(r['target_reached']):>8} {t if t is None else round(t, 2)!s:>17} "
+            f"{r['env_steps_to_target']!s:>10} {r['final_return_mean100']:>14.1f} "
+            f"{r['policy_lag_mean']:>8.2f} {r['policy_lag_max']:>7}"
+        )
     reached = [r for r in rows if r["target_reached"]]
     print(f"reached the target: {len(reached)}/{len(rows)}")
     if len(reached) != len(rows):
@@ -52,8 +56,11 @@ def report(launcher: str, rows: list[dict]) -> float | None:
 def ray_cluster(home: Path):
     """A one-node cluster started as the README says (token first), stopped afterwards."""
     ray = str(Path(sys.executable).parent / "ray")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "HOME": str(home),
-           "RAY_AUTH_MODE": "token"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+        "HOME": str(home),
+        "RAY_AUTH_MODE": "token",
+    }
     home.mkdir(parents=True, exist_ok=True)
     subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     subprocess.run([ray, "start", "--head", "--port=6379"], env=env, check=True, capture_output=True)
@@ -73,8 +80,12 @@ def main() -> None:
     parser.add_argument("--preset", default="cartpole-ppo")
     parser.add_argument("--launcher", choices=["local", "ray", "inline"], default="local")
     parser.add_argument("--ray-modes", action="store_true", help="local vs ray joining a cluster vs ray on its own")
-    parser.add_argument("--pause", type=float, default=3.0,
-                        help="seconds of quiet before each command (the last one's processes finish exiting)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=3.0,
+        help="seconds of quiet before each command (the last one's processes finish exiting)",
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     args = parser.parse_args()
     if args.ray_modes:  # label -> (launcher, extra overrides)
@@ -90,8 +101,11 @@ def main() -> None:
             for seed in range(args.seeds):  # launchers take turns, so drift hits both alike
                 for label, (launcher, extra) in modes.items():
                     time.sleep(args.pause)
-                    rows[label].append(run_tianji(args.preset, Path(tmp) / f"{label}-seed{seed}", seed,
-                                                  [*args.overrides, *extra], launcher))
+                    rows[label].append(
+                        run_tianji(
+                            args.preset, Path(tmp) / f"{label}-seed{seed}", seed, [*args.overrides, *extra], launcher
+                        )
+                    )
     medians = {label: report(label, label_rows) for label, label_rows in rows.items()}
     for label, median in medians.items():
         if label != "local" and median is not None and medians.get("local"):

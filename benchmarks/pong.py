@@ -26,16 +26,32 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     run_dir = Path(args.run_dir)
-    command = [sys.executable, "-m", "tianji", "train", args.preset, "--run-dir", str(run_dir), "--set",
-               f"stop.max_wall_time_s={args.minutes * 60}", "--set", "stop.target_return=18",
-               "--set", "logging.console=false",
-               "--set", "logging.interval_s=10"]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        args.preset,
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"stop.max_wall_time_s={args.minutes * 60}",
+        "--set",
+        "stop.target_return=18",
+        "--set",
+        "logging.console=false",
+        "--set",
+        "logging.interval_s=10",
+    ]
     for item in args.overrides:
         command += ["--set", item]
     subprocess.run(command, check=True)
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
-    score = [(float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"])) for r in rows
-             if r["env/return_mean100"] not in ("", "nan")]
+    rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
+    score = [
+        (float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"]))
+        for r in rows
+        if r["env/return_mean100"] not in ("", "nan")
+    ]
     print(f"{args.preset}: 100-episode mean game score")
     for minute in range(10, int(args.minutes) + 1, 10):
         seen = [s for s in score if s[0] <= minute * 60]

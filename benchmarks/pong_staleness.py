@@ -35,13 +35,35 @@ def run_name(bound: int, correction: str, seed: int) -> str:
 
 def train(preset: str, run_dir: Path, bound: int, correction: str, seed: int, args: argparse.Namespace) -> None:
     actors = dict(args.actors_for).get(bound)
-    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
-               "--set", f"seed={seed}", "--set", f"balance.max_policy_lag={bound}",
-               "--set", f"balance.max_inflight={max(1, args.inflight)}",
-               "--set", f"algo.proximal={'true' if correction == 'on' else 'false'}",
-               "--set", "stop.target_return=18", "--set", f"stop.max_env_steps={args.max_env_steps}",
-               "--set", f"stop.max_wall_time_s={args.minutes * 60}", "--set", "logging.console=false",
-               "--set", "logging.interval_s=10", "--set", "checkpoint.interval_s=600"]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        preset,
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"balance.max_policy_lag={bound}",
+        "--set",
+        f"balance.max_inflight={max(1, args.inflight)}",
+        "--set",
+        f"algo.proximal={'true' if correction == 'on' else 'false'}",
+        "--set",
+        "stop.target_return=18",
+        "--set",
+        f"stop.max_env_steps={args.max_env_steps}",
+        "--set",
+        f"stop.max_wall_time_s={args.minutes * 60}",
+        "--set",
+        "logging.console=false",
+        "--set",
+        "logging.interval_s=10",
+        "--set",
+        "checkpoint.interval_s=600",
+    ]
     if actors is not None:
         command += ["--set", f"topology.actors={actors}"]
     for item in args.overrides:
@@ -54,8 +76,11 @@ def train(preset: str, run_dir: Path, bound: int, correction: str, seed: int, ar
 def curve(run_dir: Path) -> list[tuple[float, int, float]]:
     """(seconds, env steps, 100-episode mean) of every metrics row with a score."""
     with open(run_dir / "metrics.csv", newline="") as f:
-        return [(float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"]))
-                for r in csv.DictReader(f) if r["env/return_mean100"] not in ("", "nan")]
+        return [
+            (float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"]))
+            for r in csv.DictReader(f)
+            if r["env/return_mean100"] not in ("", "nan")
+        ]
 
 
 def first_reaching(points: list[tuple[float, int, float]], threshold: float) -> tuple[float, int] | None:
@@ -66,13 +91,20 @@ def describe(run_dir: Path, bound: int, correction: str, seed: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     points = curve(run_dir)
     reached = {str(int(x)): first_reaching(points, x) for x in THRESHOLDS}
-    return {"run": run_dir.name, "bound": bound, "correction": correction, "seed": seed,
-            "lag_mean": summary.get("policy_lag_mean"), "lag_max": summary.get("policy_lag_max"),
-            "fragments_dropped": summary.get("fragments_dropped"), "env_steps": summary.get("env_steps"),
-            "wall_time_s": summary.get("wall_time_s"),
-            "env_steps_per_s": summary["env_steps"] / max(summary["wall_time_s"], 1e-9),
-            "final_score": points[-1][2] if points else None,
-            "reached": {k: (None if v is None else {"minutes": v[0] / 60, "env_steps": v[1]}) for k, v in reached.items()}}
+    return {
+        "run": run_dir.name,
+        "bound": bound,
+        "correction": correction,
+        "seed": seed,
+        "lag_mean": summary.get("policy_lag_mean"),
+        "lag_max": summary.get("policy_lag_max"),
+        "fragments_dropped": summary.get("fragments_dropped"),
+        "env_steps": summary.get("env_steps"),
+        "wall_time_s": summary.get("wall_time_s"),
+        "env_steps_per_s": summary["env_steps"] / max(summary["wall_time_s"], 1e-9),
+        "final_score": points[-1][2] if points else None,
+        "reached": {k: (None if v is None else {"minutes": v[0] / 60, "env_steps": v[1]}) for k, v in reached.items()},
+    }
 
 
 def relative_to_synchronous(rows: list[dict]) -> None:
@@ -91,20 +123,27 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     def cell(hit: dict | None) -> str:
         return "-" if hit is None else f"{hit['env_steps'] / 1e6:.2f}M / {hit['minutes']:.1f} min"
 
-    lines = [f"# Pong: policy-lag bound ablation (`{args.preset}`)", "",
-             f"Machine: {platform.processor() or platform.machine()}, {_cores()} cores; {time.strftime('%Y-%m-%d')}. "
-             f"Budget per run: {args.max_env_steps / 1e6:.1f}M env steps or {args.minutes:.0f} minutes. "
-             "Every setting equal except the bound (and the correction); runs one at a time.", "",
-             "| run | bound | correction | lag mean / max | dropped | env steps/s | -15 | 0 | 12 | 18 | final | "
-             "env steps vs bound 0 (to -15 / 0 / 12 / 18) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Pong: policy-lag bound ablation (`{args.preset}`)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {_cores()} cores; {time.strftime('%Y-%m-%d')}. "
+        f"Budget per run: {args.max_env_steps / 1e6:.1f}M env steps or {args.minutes:.0f} minutes. "
+        "Every setting equal except the bound (and the correction); runs one at a time.",
+        "",
+        "| run | bound | correction | lag mean / max | dropped | env steps/s | -15 | 0 | 12 | 18 | final | "
+        "env steps vs bound 0 (to -15 / 0 / 12 / 18) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["correction"], r["bound"], r["seed"])):
-        ratios = " / ".join(f"{r['steps_vs_sync'][k]:.2f}" if k in r.get("steps_vs_sync", {}) else "-"
-                            for k in ("-15", "0", "12", "18"))
-        lines.append(f"| {r['run']} | {r['bound']} | {r['correction']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
-                     f"{r['fragments_dropped']} | {r['env_steps_per_s']:,.0f} | "
-                     + " | ".join(cell(r["reached"][k]) for k in ("-15", "0", "12", "18"))
-                     + f" | {r['final_score']:.1f} | {ratios} |")
+        ratios = " / ".join(
+            f"{r['steps_vs_sync'][k]:.2f}" if k in r.get("steps_vs_sync", {}) else "-" for k in ("-15", "0", "12", "18")
+        )
+        lines.append(
+            f"| {r['run']} | {r['bound']} | {r['correction']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
+            f"{r['fragments_dropped']} | {r['env_steps_per_s']:,.0f} | "
+            + " | ".join(cell(r["reached"][k]) for k in ("-15", "0", "12", "18"))
+            + f" | {r['final_score']:.1f} | {ratios} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -150,8 +189,14 @@ def main() -> None:
     parser.add_argument("--two-seeds", type=int, nargs="*", default=[0], help="bounds run with 2 seeds")
     parser.add_argument("--correction", nargs="+", choices=["on", "off"], default=["on"])
     parser.add_argument("--inflight", type=int, default=4, help="balance.max_inflight of every run")
-    parser.add_argument("--actors-for", type=lambda s: tuple(int(x) for x in s.split(":")), nargs="*", default=[],
-                        metavar="BOUND:ACTORS", help="topology.actors for a bound (to reach it)")
+    parser.add_argument(
+        "--actors-for",
+        type=lambda s: tuple(int(x) for x in s.split(":")),
+        nargs="*",
+        default=[],
+        metavar="BOUND:ACTORS",
+        help="topology.actors for a bound (to reach it)",
+    )
     parser.add_argument("--max-env-steps", type=int, default=2_500_000)
     parser.add_argument("--minutes", type=float, default=40.0)
     parser.add_argument("--run-root", default="runs/pong-staleness")
@@ -184,7 +229,9 @@ def main() -> None:
         for key, ratio in r.get("steps_vs_sync", {}).items():
             medians.setdefault((r["correction"], r["bound"], key), []).append(ratio)
     for (correction, bound, key), ratios in sorted(medians.items()):
-        print(f"correction {correction} bound {bound}: env steps to {key} vs synchronous {statistics.median(ratios):.2f}")
+        print(
+            f"correction {correction} bound {bound}: env steps to {key} vs synchronous {statistics.median(ratios):.2f}"
+        )
 
 
 if __name__ == "__main__":

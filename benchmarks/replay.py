@@ -33,13 +33,22 @@ def timed(fn, repeats: int) -> float:
 def main() -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    fields = {"obs": (OBS, np.float32), "next_obs": (OBS, np.float32), "action": ((), np.int64),
-              "nstep_return": ((), np.float32), "discount": ((), np.float32)}
+    fields = {
+        "obs": (OBS, np.float32),
+        "next_obs": (OBS, np.float32),
+        "action": ((), np.int64),
+        "nstep_return": ((), np.float32),
+        "discount": ((), np.float32),
+    }
     replay = PrioritizedReplay(CAPACITY, fields, alpha=0.6)
     chunk = 4096  # transitions per insert call (a few fragments)
-    data = {"obs": rng.random((chunk, *OBS), dtype=np.float32), "next_obs": rng.random((chunk, *OBS), dtype=np.float32),
-            "action": rng.integers(0, 2, chunk), "nstep_return": rng.random(chunk, dtype=np.float32),
-            "discount": np.full(chunk, 0.97, np.float32)}
+    data = {
+        "obs": rng.random((chunk, *OBS), dtype=np.float32),
+        "next_obs": rng.random((chunk, *OBS), dtype=np.float32),
+        "action": rng.integers(0, 2, chunk),
+        "nstep_return": rng.random(chunk, dtype=np.float32),
+        "discount": np.full(chunk, 0.97, np.float32),
+    }
     priorities = rng.random(chunk)
     start = time.perf_counter()
     while len(replay) < CAPACITY:
@@ -65,8 +74,10 @@ def main() -> None:
     print(f"sample (batch {BATCH}):      {BATCH / sample_s:12,.0f} transitions/s  ({sample_s * 1e6:.0f} us per batch)")
     print(f"priority update ({BATCH}):   {BATCH / update_s:12,.0f} updates/s      ({update_s * 1e6:.0f} us per batch)")
     print(f"learner step (sample + loss + backward + priorities): {step_s * 1e3:.2f} ms")
-    print(f"sampling share of a learner step: {sample_s / step_s:.0%}; with priority update: "
-          f"{(sample_s + update_s) / step_s:.0%}")
+    print(
+        f"sampling share of a learner step: {sample_s / step_s:.0%}; with priority update: "
+        f"{(sample_s + update_s) / step_s:.0%}"
+    )
 
 
 if __name__ == "__main__":

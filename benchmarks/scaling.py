@@ -51,19 +51,41 @@ def cfg_with_sync(cfg, mode: str):
 
 def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Path, *more: str) -> dict:
     """A real run of this layout, no target: steady env steps/s, learner busy fraction, policy lag."""
-    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir),
-               "--set", f"topology.learners={learners}", "--set", f"topology.actors={actors}",
-               "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={seconds}",
-               "--set", "logging.console=false", "--set", "logging.interval_s=1", *more]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        preset,
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"topology.learners={learners}",
+        "--set",
+        f"topology.actors={actors}",
+        "--set",
+        "stop.target_return=null",
+        "--set",
+        f"stop.max_wall_time_s={seconds}",
+        "--set",
+        "logging.console=false",
+        "--set",
+        "logging.interval_s=1",
+        *more,
+    ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
     steady = rows[1:-1] if len(rows) > 3 else rows
     first, last = steady[0], steady[-1]
     rate = (float(last["env_steps"]) - float(first["env_steps"])) / (float(last["time_s"]) - float(first["time_s"]))
     busy = [float(r["perf/learner_busy"]) for r in steady if r.get("perf/learner_busy") not in ("", "nan", None)]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"env_steps_per_s": rate, "learner_busy": sum(busy) / max(1, len(busy)),
-            "policy_lag_max": summary["policy_lag_max"], "policy_lag_mean": summary["policy_lag_mean"]}
+    return {
+        "env_steps_per_s": rate,
+        "learner_busy": sum(busy) / max(1, len(busy)),
+        "policy_lag_max": summary["policy_lag_max"],
+        "policy_lag_mean": summary["policy_lag_mean"],
+    }
 
 
 def measure_two_nodes(preset: str, seconds: float, repeats: int, tmp: Path) -> list[dict]:
@@ -73,13 +95,35 @@ def measure_two_nodes(preset: str, seconds: float, repeats: int, tmp: Path) -> l
     from ray.cluster_utils import Cluster
 
     loopback_only(ray)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},
-                                                            "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"head_node": 2},
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        },
+    )
     cluster.add_node(num_cpus=2, resources={"worker_node": 2}, node_ip_address="127.0.0.1")
     try:
-        return [measure(preset, 1, 2, seconds, tmp / f"{preset}-two-nodes-{repeat}", "--launcher", "ray",
-                        "--set", f"ray.address={cluster.address}", "--set", "ray.learner_resources={head_node: 1}",
-                        "--set", "ray.actor_resources={worker_node: 1}") for repeat in range(repeats)]
+        return [
+            measure(
+                preset,
+                1,
+                2,
+                seconds,
+                tmp / f"{preset}-two-nodes-{repeat}",
+                "--launcher",
+                "ray",
+                "--set",
+                f"ray.address={cluster.address}",
+                "--set",
+                "ray.learner_resources={head_node: 1}",
+                "--set",
+                "ray.actor_resources={worker_node: 1}",
+            )
+            for repeat in range(repeats)
+        ]
     finally:
         cluster.shutdown()
 
@@ -92,11 +136,15 @@ def median_run(runs: list[dict]) -> dict:
 
 def predicted(cal: calibration.Calibration, cfg, learners: int, actors: int, cores: int) -> dict:
     envs = cfg.topology.envs_per_actor
-    space = calibration.Space(envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs,
-                       learners=(learners,))
+    space = calibration.Space(
+        envs=[envs], actors=[actors], fragment_steps=cal.fragment_steps, preferred_envs=envs, learners=(learners,)
+    )
     layout = next(c for c in plan.predict(cal, cfg, space, cores) if (c.learners, c.actors) == (learners, actors))
-    return {"env_steps_per_s": layout.env_steps_per_s, "learner_busy": layout.learner_utilization,
-            "policy_lag_max": layout.max_lag}
+    return {
+        "env_steps_per_s": layout.env_steps_per_s,
+        "learner_busy": layout.learner_utilization,
+        "policy_lag_max": layout.max_lag,
+    }
 
 
 def calibrated(preset: str, cores_per_node: int) -> tuple[object, calibration.Calibration]:
@@ -122,57 +170,106 @@ def study(preset: str, args: argparse.Namespace, tmp: Path) -> dict:
     runs = {("one machine", *layout): [] for layout in LAYOUTS}
     for repeat in range(args.repeats):
         for learners, actors in LAYOUTS:
-            runs["one machine", learners, actors].append(measure(preset, learners, actors, args.seconds,
-                                                                 tmp / f"{preset}-{learners}x{actors}-{repeat}"))
+            runs["one machine", learners, actors].append(
+                measure(preset, learners, actors, args.seconds, tmp / f"{preset}-{learners}x{actors}-{repeat}")
+            )
     if args.two_nodes:
         runs["two nodes (TCP)", 1, 2] = measure_two_nodes(preset, args.seconds, args.repeats, tmp)
     rows = []
     for (where, learners, actors), measured in runs.items():
         got = median_run(measured)
         want = predicted(cal, cfg, learners, actors, cores)
-        rows.append({"where": where, "learners": learners, "actors": actors, "measured": got, "predicted": want,
-                     "error": want["env_steps_per_s"] / got["env_steps_per_s"] - 1})
-        print(f"{preset} {learners} x {actors} ({where}): measured {got['env_steps_per_s']:,.0f} env steps/s, predicted "
-              f"{want['env_steps_per_s']:,.0f} ({rows[-1]['error']:+.0%})", flush=True)
+        rows.append(
+            {
+                "where": where,
+                "learners": learners,
+                "actors": actors,
+                "measured": got,
+                "predicted": want,
+                "error": want["env_steps_per_s"] / got["env_steps_per_s"] - 1,
+            }
+        )
+        print(
+            f"{preset} {learners} x {actors} ({where}): measured {got['env_steps_per_s']:,.0f} env steps/s, predicted "
+            f"{want['env_steps_per_s']:,.0f} ({rows[-1]['error']:+.0%})",
+            flush=True,
+        )
     link_bytes, link_latency = args.link_gbit * 1e9 / 8, args.link_latency_us * 1e-6
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.nodes]
-    cluster = {f"{kind} {mode}": [asdict(plan.predict_cluster(
-        cal, cfg_with_sync(cfg, mode), n, args.cores_per_node, link_bytes, link_latency,
-        GPU_KEEPS_UP if kind == "gpu" else None)) for n in sizes]
-        for kind, mode in CLUSTER_KINDS}
+    cluster = {
+        f"{kind} {mode}": [
+            asdict(
+                plan.predict_cluster(
+                    cal,
+                    cfg_with_sync(cfg, mode),
+                    n,
+                    args.cores_per_node,
+                    link_bytes,
+                    link_latency,
+                    GPU_KEEPS_UP if kind == "gpu" else None,
+                )
+            )
+            for n in sizes
+        ]
+        for kind, mode in CLUSTER_KINDS
+    }
     for mode, predictions in cluster.items():
-        print(f"{preset} predicted, {mode}: " + ", ".join(
-            f"{p['nodes']} nodes {p['env_steps_per_s']:,.0f}" for p in predictions), flush=True)
+        print(
+            f"{preset} predicted, {mode}: "
+            + ", ".join(f"{p['nodes']} nodes {p['env_steps_per_s']:,.0f}" for p in predictions),
+            flush=True,
+        )
     return {"preset": preset, "cores_here": cores, "calibration": asdict(cal), "layouts": rows, "cluster": cluster}
 
 
 def markdown(results: list[dict], args: argparse.Namespace) -> str:
-    out = [f"# Scaling: measured here ({results[0]['cores_here']} cores) vs the planner's model, and predicted "
-           f"clusters of {args.cores_per_node}-core nodes ({args.link_gbit:g} Gbit/s link)", ""]
-    out += ["## Measured vs predicted on this machine (env steps/s; learner busy; max policy lag)", "",
-            "| preset | learners x actors | measured (median) | runs | predicted | error | learner busy meas./pred. "
-            "| max lag meas./pred. |",
-            "|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"# Scaling: measured here ({results[0]['cores_here']} cores) vs the planner's model, and predicted "
+        f"clusters of {args.cores_per_node}-core nodes ({args.link_gbit:g} Gbit/s link)",
+        "",
+    ]
+    out += [
+        "## Measured vs predicted on this machine (env steps/s; learner busy; max policy lag)",
+        "",
+        "| preset | learners x actors | measured (median) | runs | predicted | error | learner busy meas./pred. "
+        "| max lag meas./pred. |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         for row in r["layouts"]:
             m, p = row["measured"], row["predicted"]
             runs = ", ".join(f"{rate:,.0f}" for rate in m["runs_env_steps_per_s"])
-            where = f"{row['learners']} x {row['actors']}" + (", two nodes (TCP)" if row["where"] != "one machine" else "")
-            out.append(f"| {r['preset']} | {where} | {m['env_steps_per_s']:,.0f} | {runs} | "
-                       f"{p['env_steps_per_s']:,.0f} | {row['error']:+.0%} | {m['learner_busy']:.0%} / "
-                       f"{p['learner_busy']:.0%} | {m['policy_lag_max']} / {p['policy_lag_max']:.1f} |")
-    out += ["", "## Predicted (not measured): env steps/s for N nodes, every node running the chosen layout", "",
-            "| preset | learners, sync | " + " | ".join(f"{p['nodes']} nodes" for p in results[0]["cluster"]["cpu allreduce"])
-            + " | per node (learners x actors x envs) |",
-            "|---|---|" + "---|" * (len(results[0]["cluster"]["cpu allreduce"]) + 1)]
+            where = f"{row['learners']} x {row['actors']}" + (
+                ", two nodes (TCP)" if row["where"] != "one machine" else ""
+            )
+            out.append(
+                f"| {r['preset']} | {where} | {m['env_steps_per_s']:,.0f} | {runs} | "
+                f"{p['env_steps_per_s']:,.0f} | {row['error']:+.0%} | {m['learner_busy']:.0%} / "
+                f"{p['learner_busy']:.0%} | {m['policy_lag_max']} / {p['policy_lag_max']:.1f} |"
+            )
+    out += [
+        "",
+        "## Predicted (not measured): env steps/s for N nodes, every node running the chosen layout",
+        "",
+        "| preset | learners, sync | "
+        + " | ".join(f"{p['nodes']} nodes" for p in results[0]["cluster"]["cpu allreduce"])
+        + " | per node (learners x actors x envs) |",
+        "|---|---|" + "---|" * (len(results[0]["cluster"]["cpu allreduce"]) + 1),
+    ]
     for r in results:
         for mode, predictions in r["cluster"].items():
             layout = predictions[-1]["per_node"]
-            out.append(f"| {r['preset']} | {mode} | " + " | ".join(f"{p['env_steps_per_s']:,.0f}" for p in predictions)
-                       + f" | {layout['learners']} x {layout['actors']} x {layout['envs_per_actor']} |")
-    out += ["", "gpu: one learner per node on a GPU that is never the bottleneck (not measured: no GPU on this "
-            "machine); a GPU's measured rate (`tianji plan PRESET --set learner.device=cuda` on a GPU machine) goes in "
-            "`tianji plan PRESET --nodes N --gpu-learner-rate R`."]
+            out.append(
+                f"| {r['preset']} | {mode} | "
+                + " | ".join(f"{p['env_steps_per_s']:,.0f}" for p in predictions)
+                + f" | {layout['learners']} x {layout['actors']} x {layout['envs_per_actor']} |"
+            )
+    out += [
+        "",
+        "gpu: one learner per node on a GPU that is never the bottleneck (not measured: no GPU on this "
+        "machine); a GPU's measured rate (`tianji plan PRESET --set learner.device=cuda` on a GPU machine) goes in "
+        "`tianji plan PRESET --nodes N --gpu-learner-rate R`.",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -184,17 +281,41 @@ def picture(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
-        for mode, style in (("cpu allreduce", "-o"), ("cpu average", "--s"), ("gpu allreduce", ":^"),
-                            ("gpu average", ":v")):
+        for mode, style in (
+            ("cpu allreduce", "-o"),
+            ("cpu average", "--s"),
+            ("gpu allreduce", ":^"),
+            ("gpu average", ":v"),
+        ):
             predictions = r["cluster"][mode]
-            ax.plot([p["nodes"] for p in predictions], [p["env_steps_per_s"] for p in predictions], style,
-                    label=f"{r['preset']} {mode} (predicted)")
+            ax.plot(
+                [p["nodes"] for p in predictions],
+                [p["env_steps_per_s"] for p in predictions],
+                style,
+                label=f"{r['preset']} {mode} (predicted)",
+            )
         best = max(r["layouts"], key=lambda row: row["measured"]["env_steps_per_s"])
-        here = r["cores_here"] / r["cluster"]["cpu allreduce"][0]["cores_per_node"]  # this machine, as a fraction of a node
-        ax.scatter([here], [best["measured"]["env_steps_per_s"]], marker="*", s=140, zorder=5,
-                   label=f"{r['preset']} measured here ({r['cores_here']} cores)")
-        ax.scatter([here], [best["predicted"]["env_steps_per_s"]], marker="o", facecolors="none", edgecolors="k",
-                   s=70, zorder=5, label=f"{r['preset']} predicted here")
+        here = (
+            r["cores_here"] / r["cluster"]["cpu allreduce"][0]["cores_per_node"]
+        )  # this machine, as a fraction of a node
+        ax.scatter(
+            [here],
+            [best["measured"]["env_steps_per_s"]],
+            marker="*",
+            s=140,
+            zorder=5,
+            label=f"{r['preset']} measured here ({r['cores_here']} cores)",
+        )
+        ax.scatter(
+            [here],
+            [best["predicted"]["env_steps_per_s"]],
+            marker="o",
+            facecolors="none",
+            edgecolors="k",
+            s=70,
+            zorder=5,
+            label=f"{r['preset']} predicted here",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("nodes")
@@ -211,8 +332,12 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "pong-ppo"])
     parser.add_argument("--seconds", type=float, default=12.0, help="length of each measured run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each layout (the median counts)")
-    parser.add_argument("--two-nodes", action="store_true", help="also 1 learner x 2 actors on a two-node Ray test "
-                        "cluster on this machine (learner on one node, actors on the other, fragments over TCP)")
+    parser.add_argument(
+        "--two-nodes",
+        action="store_true",
+        help="also 1 learner x 2 actors on a two-node Ray test "
+        "cluster on this machine (learner on one node, actors on the other, fragments over TCP)",
+    )
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--cores-per-node", type=int, default=40, help="the paper's nodes have 40 cores")
     parser.add_argument("--link-gbit", type=float, default=10.0)

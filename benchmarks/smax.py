@@ -55,14 +55,30 @@ def summarize(preset: str, rows: list[dict]) -> dict:
         "preset": preset,
         "seeds": len(rows),
         "reached": len(reached),
-        "median_time_to_target_s": statistics.median(r["time_to_target_s"] for r in rows) if len(reached) == len(rows) else None,
-        "median_env_steps_to_target": (statistics.median(r["env_steps_to_target"] for r in rows)
-                                       if len(reached) == len(rows) else None),
+        "median_time_to_target_s": statistics.median(r["time_to_target_s"] for r in rows)
+        if len(reached) == len(rows)
+        else None,
+        "median_env_steps_to_target": (
+            statistics.median(r["env_steps_to_target"] for r in rows) if len(reached) == len(rows) else None
+        ),
         "best_eval_win_rate": [r.get("best_eval_win_rate") for r in rows],
         "final_eval_win_rate": [r["final_eval_win_rate"] for r in rows],
         "training_env_steps_per_s": statistics.median(r["env_steps"] / r["wall_time_s"] for r in rows),
-        "runs": [{k: r[k] for k in ("target_reached", "time_to_target_s", "env_steps_to_target", "env_steps",
-                                     "wall_time_s", "final_eval_win_rate", "final_win_rate100")} for r in rows],
+        "runs": [
+            {
+                k: r[k]
+                for k in (
+                    "target_reached",
+                    "time_to_target_s",
+                    "env_steps_to_target",
+                    "env_steps",
+                    "wall_time_s",
+                    "final_eval_win_rate",
+                    "final_win_rate100",
+                )
+            }
+            for r in rows
+        ],
     }
 
 
@@ -96,16 +112,20 @@ def main() -> None:
                     row = run_tianji(preset, run_dir, seed, overrides)
                     row["best_eval_win_rate"] = best_eval_win_rate(run_dir)
                     rows.append(row)
-                    print(f"{preset} seed {seed}: reached {row['target_reached']} in "
-                          f"{row['time_to_target_s'] or row['wall_time_s']:.0f} s, {row['env_steps']:,} env steps, "
-                          f"eval win rate final {row['final_eval_win_rate']} best {row['best_eval_win_rate']}",
-                          flush=True)
+                    print(
+                        f"{preset} seed {seed}: reached {row['target_reached']} in "
+                        f"{row['time_to_target_s'] or row['wall_time_s']:.0f} s, {row['env_steps']:,} env steps, "
+                        f"eval win rate final {row['final_eval_win_rate']} best {row['best_eval_win_rate']}",
+                        flush=True,
+                    )
                 results["training"].append(summarize(preset, rows))
         print(f"\n{'preset':<16} {'reached':>8} {'median s':>9} {'median steps':>13} {'train steps/s':>14}")
         for s in results["training"]:
             t, n = s["median_time_to_target_s"], s["median_env_steps_to_target"]
-            print(f"{s['preset']:<16} {s['reached']}/{s['seeds']:<6} {'-' if t is None else f'{t:.0f}':>9} "
-                  f"{'-' if n is None else f'{n:,.0f}':>13} {s['training_env_steps_per_s']:>14,.0f}")
+            print(
+                f"{s['preset']:<16} {s['reached']}/{s['seeds']:<6} {'-' if t is None else f'{t:.0f}':>9} "
+                f"{'-' if n is None else f'{n:,.0f}':>13} {s['training_env_steps_per_s']:>14,.0f}"
+            )
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
 

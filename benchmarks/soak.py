@@ -46,19 +46,36 @@ def shm_usage(driver_pid: int) -> tuple[int, float]:
 def sample(run_dir: Path, driver_pid: int, minute: float) -> dict:
     roles = {"driver": driver_pid, **json.loads((run_dir / "roles.json").read_text())}
     files, shm_mb = shm_usage(driver_pid)
-    return {"minute": round(minute, 2), "rss_mb": {n: rss_mb(p) for n, p in roles.items()},
-            "fds": {n: open_fds(p) for n, p in roles.items()}, "shm_files": files, "shm_mb": shm_mb}
+    return {
+        "minute": round(minute, 2),
+        "rss_mb": {n: rss_mb(p) for n, p in roles.items()},
+        "fds": {n: open_fds(p) for n, p in roles.items()},
+        "shm_files": files,
+        "shm_mb": shm_mb,
+    }
 
 
 def growth(samples: list[dict], warmup: float) -> dict:
     after = [s for s in samples if s["minute"] >= warmup] or samples[-1:]
     first, last = after[0], samples[-1]
-    rss = {n: (last["rss_mb"][n] - first["rss_mb"][n]) / first["rss_mb"][n]
-           for n in last["rss_mb"] if first["rss_mb"].get(n) and last["rss_mb"][n]}
-    fds = {n: last["fds"][n] - first["fds"][n] for n in last["fds"] if first["fds"].get(n) is not None
-           and last["fds"][n] is not None}
-    return {"from_minute": first["minute"], "to_minute": last["minute"], "rss_growth": rss, "fd_growth": fds,
-            "shm_files_growth": last["shm_files"] - first["shm_files"], "shm_mb_growth": last["shm_mb"] - first["shm_mb"]}
+    rss = {
+        n: (last["rss_mb"][n] - first["rss_mb"][n]) / first["rss_mb"][n]
+        for n in last["rss_mb"]
+        if first["rss_mb"].get(n) and last["rss_mb"][n]
+    }
+    fds = {
+        n: last["fds"][n] - first["fds"][n]
+        for n in last["fds"]
+        if first["fds"].get(n) is not None and last["fds"][n] is not None
+    }
+    return {
+        "from_minute": first["minute"],
+        "to_minute": last["minute"],
+        "rss_growth": rss,
+        "fd_growth": fds,
+        "shm_files_growth": last["shm_files"] - first["shm_files"],
+        "shm_mb_growth": last["shm_mb"] - first["shm_mb"],
+    }
 
 
 def main() -> None:
@@ -72,9 +89,21 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "soak"
-        command = [sys.executable, "-m", "tianji", "train", args.preset, "--run-dir", str(run_dir),
-                   "--set", "stop.target_return=null", "--set", f"stop.max_wall_time_s={args.minutes * 60 + 60}",
-                   "--set", "logging.console=false"]
+        command = [
+            sys.executable,
+            "-m",
+            "tianji",
+            "train",
+            args.preset,
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "stop.target_return=null",
+            "--set",
+            f"stop.max_wall_time_s={args.minutes * 60 + 60}",
+            "--set",
+            "logging.console=false",
+        ]
         for item in args.overrides:
             command += ["--set", item]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
@@ -85,17 +114,24 @@ def main() -> None:
             while (minute := (time.time() - start) / 60) <= args.minutes and process.poll() is None:
                 samples.append(sample(run_dir, process.pid, minute))
                 s = samples[-1]
-                print(f"[{s['minute']:5.1f} min] rss MB " + " ".join(f"{n} {v:.0f}" for n, v in s["rss_mb"].items() if v)
-                      + " | fds " + " ".join(f"{n} {v}" for n, v in s["fds"].items() if v is not None)
-                      + f" | shm {s['shm_files']} files {s['shm_mb']:.1f} MB", flush=True)
+                print(
+                    f"[{s['minute']:5.1f} min] rss MB "
+                    + " ".join(f"{n} {v:.0f}" for n, v in s["rss_mb"].items() if v)
+                    + " | fds "
+                    + " ".join(f"{n} {v}" for n, v in s["fds"].items() if v is not None)
+                    + f" | shm {s['shm_files']} files {s['shm_mb']:.1f} MB",
+                    flush=True,
+                )
                 time.sleep(args.interval)
             summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
         finally:
             process.terminate()
             process.wait(60)
     result = growth(samples, args.warmup)
-    print(f"\ngrowth from minute {result['from_minute']:.1f} to {result['to_minute']:.1f} "
-          f"(env steps {summary['env_steps']:,}, policy version {summary['balance/policy_version']}):")
+    print(
+        f"\ngrowth from minute {result['from_minute']:.1f} to {result['to_minute']:.1f} "
+        f"(env steps {summary['env_steps']:,}, policy version {summary['balance/policy_version']}):"
+    )
     for name, g in result["rss_growth"].items():
         print(f"  {name:<10} rss {g:+7.1%}  fds {result['fd_growth'].get(name, 0):+d}")
     print(f"  shm files {result['shm_files_growth']:+d}, shm MB {result['shm_mb_growth']:+.1f}")

@@ -8,8 +8,8 @@ each measured in this run beside memcpy of the same size, with the ratio to memc
 Same-machine paths: the producer writes each step's rows straight into a shared-memory slot, as an
 actor does, and sends only the header over ZeroMQ ipc; the consumer either takes the arrays as views
 of the slot, reads every byte of them (as the learner's first layer does) and returns the credit
-(what the learner does: it trains from the slot) or copies them out once first (what it does without back-pressure, when fragments may wait
-in a backlog). The wire paths send the
+(what the learner does: it trains from the slot) or copies them out once first (what it does without
+back-pressure, when fragments may wait in a backlog). The wire paths send the
 bytes themselves (across machines: TCP, CURVE-encrypted in TianJi); "raw zmq tcp" sends one plain
 frame per payload with no header, no checks and no encryption: the yardstick for TianJi's TCP rows.
 """
@@ -136,7 +136,8 @@ def transfer_gbps(name: str, seconds: float, path: str, slots: int = 4) -> float
     endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
     reader = SlotReader(f"tianji-{token}-")
     proc = multiprocessing.get_context("spawn").Process(  # not forked from a process holding a ZeroMQ context
-        target=_producer, args=(endpoint, token, name, seconds, path, slots, keys and keys.as_dict()))
+        target=_producer, args=(endpoint, token, name, seconds, path, slots, keys and keys.as_dict())
+    )
     proc.start()
     try:
         received, start = 0, None
@@ -173,7 +174,7 @@ def transfer_gbps(name: str, seconds: float, path: str, slots: int = 4) -> float
             gate.stop()
         ctx.destroy(linger=0)
         if endpoint.startswith("ipc://"):
-            Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+            Path(endpoint[len("ipc://") :]).unlink(missing_ok=True)
     return received / elapsed / 1e9
 
 
@@ -207,8 +208,10 @@ def main() -> None:
             rate = statistics.median(values)
             versus_raw = f"{rate / raw:9.2f}" if PATHS[path][0] == "tcp" else ""
             print(f"{name:<30} {path:<28} {rate:7.2f} {base:12.2f} {rate / base:6.2f} {versus_raw}")
-    print("GB/s counts payload bytes the consumer has read: every byte of the views of the slot it trains from, or "
-          "in its own memory (one copy out of the transport).")
+    print(
+        "GB/s counts payload bytes the consumer has read: every byte of the views of the slot it trains from, or "
+        "in its own memory (one copy out of the transport)."
+    )
 
 
 if __name__ == "__main__":

@@ -26,28 +26,39 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import run_tianji
-
 from tianji.config import load_config, preset_names
+
+from common import run_tianji
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or platform.machine())
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
     return f"{len(os.sched_getaffinity(0))} cores, {model}"
 
 
 def describe_target(preset: str) -> str:
     stop = load_config(preset).stop
     metric = {"train": "mean100", "eval": "greedy eval", "eval_win_rate": "greedy win rate"}[stop.target_metric]
-    return f"{metric} >= {stop.target_return:g}" + (f" in {stop.max_wall_time_s / 60:g} min" if stop.max_wall_time_s else "")
+    return f"{metric} >= {stop.target_return:g}" + (
+        f" in {stop.max_wall_time_s / 60:g} min" if stop.max_wall_time_s else ""
+    )
 
 
 def summarize(preset: str, runs: list[dict]) -> dict:
     reached = [r for r in runs if r["target_reached"]]
-    median = (lambda key: statistics.median(r[key] for r in reached) if reached else None)
+
+    def median(key: str) -> float | None:
+        return statistics.median(r[key] for r in reached) if reached else None
+
     return {
         "preset": preset,
         "target": describe_target(preset),
@@ -58,22 +69,41 @@ def summarize(preset: str, runs: list[dict]) -> dict:
         "env_steps_per_s": statistics.median(r["env_steps"] / r["wall_time_s"] for r in runs),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
-        "runs": [{key: r.get(key) for key in ("seed", "target_reached", "time_to_target_s", "env_steps_to_target",
-                                               "return_at_target", "final_return_mean100", "final_eval_return_mean",
-                                               "final_eval_win_rate", "env_steps", "wall_time_s", "stop_reason")}
-                 for r in runs],
+        "runs": [
+            {
+                key: r.get(key)
+                for key in (
+                    "seed",
+                    "target_reached",
+                    "time_to_target_s",
+                    "env_steps_to_target",
+                    "return_at_target",
+                    "final_return_mean100",
+                    "final_eval_return_mean",
+                    "final_eval_win_rate",
+                    "env_steps",
+                    "wall_time_s",
+                    "stop_reason",
+                )
+            }
+            for r in runs
+        ],
     }
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| preset | target | seeds reaching it | median time to target | median env steps | env steps/s | machine |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| preset | target | seeds reaching it | median time to target | median env steps | env steps/s | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         times = ", ".join(f"{r['time_to_target_s']:.0f}" if r["target_reached"] else "-" for r in row["runs"])
         time = f"{row['median_time_to_target_s']:.0f} s ({times})" if row["reached"] else f"- ({times})"
         steps = f"{row['median_env_steps_to_target'] / 1e6:.2f}M" if row["reached"] else "-"
-        lines.append(f"| `{row['preset']}` | {row['target']} | {row['reached']}/{row['seeds']} | {time} | {steps} | "
-                     f"{row['env_steps_per_s']:,.0f} | {row['machine']} |")
+        lines.append(
+            f"| `{row['preset']}` | {row['target']} | {row['reached']}/{row['seeds']} | {time} | {steps} | "
+            f"{row['env_steps_per_s']:,.0f} | {row['machine']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -90,8 +120,11 @@ def main() -> None:
     args = parser.parse_args()
     presets = args.presets or preset_names()
     out = Path(args.out)
-    saved = {} if args.replace or not out.with_suffix(".json").exists() else {
-        row["preset"]: row for row in json.loads(out.with_suffix(".json").read_text())}
+    saved = (
+        {}
+        if args.replace or not out.with_suffix(".json").exists()
+        else {row["preset"]: row for row in json.loads(out.with_suffix(".json").read_text())}
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep_runs or tmp)
         for preset in presets:

@@ -58,7 +58,7 @@ class FakePolicy:
         self.w = np.array(weights["w"], copy=True)
 
     def act(self, obs):
-        actions = (obs[:, 0].astype(np.int64) % 2)
+        actions = obs[:, 0].astype(np.int64) % 2
         return actions, {"action": actions, "w_used": np.full(len(obs), self.w[0], np.float32)}
 
     def greedy(self, obs):
@@ -110,14 +110,16 @@ def tiny_config(tmp_path):
     """A CartPole PPO config that runs a few seconds and writes under tmp_path."""
 
     def make(**stop):
-        return build_config({
-            "name": "test",
-            "topology": {"actors": 1, "envs_per_actor": 4, "fragment_length": 16},
-            "algo": {"name": "ppo", "epochs": 1, "minibatches": 1},
-            "stop": stop or {"max_env_steps": 2048},
-            "logging": {"run_root": str(tmp_path / "runs"), "console": False, "interval_s": 0.2},
-            "checkpoint": {"interval_s": 0.5},
-        })
+        return build_config(
+            {
+                "name": "test",
+                "topology": {"actors": 1, "envs_per_actor": 4, "fragment_length": 16},
+                "algo": {"name": "ppo", "epochs": 1, "minibatches": 1},
+                "stop": stop or {"max_env_steps": 2048},
+                "logging": {"run_root": str(tmp_path / "runs"), "console": False, "interval_s": 0.2},
+                "checkpoint": {"interval_s": 0.5},
+            }
+        )
 
     return make
 

@@ -29,7 +29,9 @@ def shapes() -> None:
     assert obs["avail_actions"].shape == (4, 3, 8) and obs["avail_actions"].dtype == bool
     assert obs["active"].all() and obs["first"].all() and list(act_space.nvec) == [8, 8, 8]
     assert np.abs(obs["state"]).max() <= 1.5, "world state scaled to about [-1, 1]"
-    next_obs, reward, terminated, truncated, info = envs.step(random_available(obs["avail_actions"], np.random.default_rng(0)))
+    next_obs, reward, terminated, truncated, info = envs.step(
+        random_available(obs["avail_actions"], np.random.default_rng(0))
+    )
     assert reward.shape == (4,) and terminated.shape == (4,) and info["won"].shape == (4,)
     assert not next_obs["first"].any()
     assert envs.max_steps == 60  # SMAC's limit for 3m
@@ -67,7 +69,7 @@ def truncation() -> None:
     envs = SmaxVectorEnv("3m", 4, max_steps=5)
     obs, _ = envs.reset(seed=0)
     stop = np.full((4, 3), 4)  # SMAX's stop action; the units start out of range
-    for t in range(5):
+    for _ in range(5):
         obs, reward, terminated, truncated, info = envs.step(stop)
     assert truncated.all() and not terminated.any() and not info["won"].any()
     obs, *_ = envs.step(stop)

@@ -14,6 +14,7 @@ from tianji.algos.base import Placement
 from tianji.algos.impala import IMPALAPolicy, time_major_batch, vtrace_targets
 from tianji.config import load_config
 from tianji.tools.train import train
+
 from test_vtrace import reference as vtrace_reference
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
@@ -30,8 +31,14 @@ def fragment(policy: IMPALAPolicy, seed: int = 0) -> dict[str, np.ndarray]:
     done[4, 0] = terminated[4, 0] = True
     done[7, 1] = True
     valid[5, 0] = valid[8, 1] = False  # the reset rows after them
-    arrays = {"obs": obs, "reward": rng.normal(size=(T, K)).astype(np.float32), "done": done,
-              "terminated": terminated, "valid": valid, **{k: v.reshape(T, K) for k, v in record.items()}}
+    arrays = {
+        "obs": obs,
+        "reward": rng.normal(size=(T, K)).astype(np.float32),
+        "done": done,
+        "terminated": terminated,
+        "valid": valid,
+        **{k: v.reshape(T, K) for k, v in record.items()},
+    }
     return {**arrays, **policy.finish_fragment(arrays, rng.normal(size=(K, 5)).astype(np.float32))}
 
 
@@ -69,18 +76,39 @@ def test_appo_loss_matches_a_numpy_reference(proximal):
         bootstrap = learner.net.value(torch.from_numpy(f["last_obs"]))
     prox_all = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(f["action"].reshape(-1, 1))).numpy()
     prox_all, values_all = prox_all.reshape(T, K).astype(np.float64), values.numpy().reshape(T, K).astype(np.float64)
-    vs, adv = vtrace_reference(f["logp"].astype(np.float64), prox_all, f["reward"].astype(np.float64), values_all,
-                               bootstrap.numpy().astype(np.float64), f["done"], f["terminated"], cfg.gamma,
-                               cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
+    vs, adv = vtrace_reference(
+        f["logp"].astype(np.float64),
+        prox_all,
+        f["reward"].astype(np.float64),
+        values_all,
+        bootstrap.numpy().astype(np.float64),
+        f["done"],
+        f["terminated"],
+        cfg.gamma,
+        cfg.vtrace_lambda,
+        cfg.rho_bar,
+        cfg.c_bar,
+    )
     with torch.no_grad():  # one optimizer-like move, so the ratio and the clips matter
         for p in learner.net.parameters():
             p.add_(0.2 * torch.randn_like(p))
     loss, _ = learner._minibatch_loss(samples)
     valid = f["valid"]
     with torch.no_grad():
-        new, entropy, now = learner.net.evaluate(torch.from_numpy(f["obs"][valid]), torch.from_numpy(f["action"][valid]))
-    expected = numpy_loss(cfg, f["logp"][valid], prox_all[valid], new.numpy(), entropy.numpy(), values_all[valid],
-                          now.numpy(), vs[valid], adv[valid])
+        new, entropy, now = learner.net.evaluate(
+            torch.from_numpy(f["obs"][valid]), torch.from_numpy(f["action"][valid])
+        )
+    expected = numpy_loss(
+        cfg,
+        f["logp"][valid],
+        prox_all[valid],
+        new.numpy(),
+        entropy.numpy(),
+        values_all[valid],
+        now.numpy(),
+        vs[valid],
+        adv[valid],
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-4)
 
 
@@ -96,7 +124,9 @@ def test_the_appo_learner_feeds_the_fragments_behaviour_log_probs_into_vtrace_an
 
     monkeypatch.setattr(appo_module, "ppo_loss", spy)
     with torch.no_grad():
-        prox, _, _ = learner.net.evaluate(torch.from_numpy(f["obs"].reshape(T * K, 5)), torch.from_numpy(f["action"].reshape(-1)))
+        prox, _, _ = learner.net.evaluate(
+            torch.from_numpy(f["obs"].reshape(T * K, 5)), torch.from_numpy(f["action"].reshape(-1))
+        )
     learner.add(f)
     stats = learner.update()
     valid = f["valid"].reshape(-1)
@@ -108,8 +138,9 @@ def test_the_appo_learner_feeds_the_fragments_behaviour_log_probs_into_vtrace_an
 
 @pytest.mark.slow
 def test_appo_learns_cartpole(tmp_path):
-    cfg = load_config("cartpole-appo", [f"logging.run_root={tmp_path}", "logging.console=false",
-                                        "stop.max_wall_time_s=180"])
+    cfg = load_config(
+        "cartpole-appo", [f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=180"]
+    )
     _, summary = train(cfg, "local")
     assert summary["target_reached"], summary
     assert summary["return_at_target"] >= 475

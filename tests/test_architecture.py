@@ -30,8 +30,9 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> int:
-    best = max((prefix for layer in LAYERS for prefix in layer if module == prefix or module.startswith(prefix + ".")),
-               key=len)
+    best = max(
+        (prefix for layer in LAYERS for prefix in layer if module == prefix or module.startswith(prefix + ".")), key=len
+    )
     return next(i for i, layer in enumerate(LAYERS) if best in layer)
 
 
@@ -45,8 +46,12 @@ def tianji_imports(tree: ast.Module) -> list[tuple[str, bool]]:
             if isinstance(child, ast.ImportFrom) and child.module and child.module.split(".")[0] == "tianji":
                 for alias in child.names:  # `from tianji.algos import ppo` imports the module tianji.algos.ppo
                     sub = f"{child.module}.{alias.name}"
-                    found.append((sub if (ROOT.parent / sub.replace(".", "/")).with_suffix(".py").exists()
-                                  else child.module, nested))
+                    found.append(
+                        (
+                            sub if (ROOT.parent / sub.replace(".", "/")).with_suffix(".py").exists() else child.module,
+                            nested,
+                        )
+                    )
             elif isinstance(child, ast.Import):
                 found.extend((a.name, nested) for a in child.names if a.name.split(".")[0] == "tianji")
             visit(child, nested)
@@ -65,8 +70,12 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_no_import_hides_inside_a_function():
-    hidden = [f"{m} -> {i}" for m, imports in import_graph().items() for i, lazy in imports
-              if lazy and m not in LAZY_IMPORTS_ALLOWED]
+    hidden = [
+        f"{m} -> {i}"
+        for m, imports in import_graph().items()
+        for i, lazy in imports
+        if lazy and m not in LAZY_IMPORTS_ALLOWED
+    ]
     assert not hidden, hidden
 
 
@@ -106,9 +115,16 @@ def test_every_algorithm_reads_its_policy_out_of_its_own_checkpoint():
     from tianji.config import build_config
 
     single = (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
-    team = (gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3, 5), np.float32),
-                             "state": gym.spaces.Box(-1, 1, (7,), np.float32),
-                             "avail_actions": gym.spaces.Box(0, 1, (3, 4), np.int8)}), gym.spaces.MultiDiscrete([4] * 3))
+    team = (
+        gym.spaces.Dict(
+            {
+                "obs": gym.spaces.Box(-1, 1, (3, 5), np.float32),
+                "state": gym.spaces.Box(-1, 1, (7,), np.float32),
+                "avail_actions": gym.spaces.Box(0, 1, (3, 4), np.int8),
+            }
+        ),
+        gym.spaces.MultiDiscrete([4] * 3),
+    )
     for name, spec in ALGOS.items():
         obs_space, act_space = team if name in ("qmix", "mappo") else single
         spec.check_spaces(obs_space, act_space)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FakeAlgoLearner
 
 from tianji.runtime.balance import CreditLedger, LagStats, RateLimiter
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
+
+from conftest import FakeAlgoLearner
 
 
 class FakeClock:
@@ -128,8 +129,12 @@ def test_on_policy_learner_holds_one_batch_so_credits_stay_back():
 
 
 def test_without_backpressure_the_learner_queues_everything_and_lag_grows():
-    learner = Learner(FakeAlgoLearner(batch_fragments=1), max_policy_lag=100, backpressure=False,
-                      limiter=RateLimiter(target=1.0, tolerance=0.0))
+    learner = Learner(
+        FakeAlgoLearner(batch_fragments=1),
+        max_policy_lag=100,
+        backpressure=False,
+        limiter=RateLimiter(target=1.0, tolerance=0.0),
+    )
     for _ in range(5):
         assert learner.wants_data()
         learner.consume(fragment(0))
@@ -204,8 +209,9 @@ def test_ledger_accepts_only_notices_for_slots_it_granted_to_that_actor():
     assert len(ledger.grant(version=0, versions_per_fragment=1.0)) == 2
 
 
-def simulate(actors: int, slots: int, bound: int, update_s: float, seed: int, spread: float = 0.2,
-             fragments: int = 2000) -> dict:
+def simulate(
+    actors: int, slots: int, bound: int, update_s: float, seed: int, spread: float = 0.2, fragments: int = 2000
+) -> dict:
     """Discrete-event run of a learner and actors using the ledger: random fragment times, the
     learner trains one update per fragment (PPO), publishes at once and, being one thread, grants
     credits only between updates. A fragment takes 1 +- `spread` (normal) time units. Returns lag counts."""
@@ -219,7 +225,7 @@ def simulate(actors: int, slots: int, bound: int, update_s: float, seed: int, sp
         ledger.register(a, bytes([a]), slots)
     version, vpf, last_admit = 0, 1.0, None
     credits = {a: [] for a in range(actors)}  # granted, not started: (slot, min_version)
-    busy = {a: False for a in range(actors)}
+    busy = dict.fromkeys(range(actors), False)
     arrived = []  # notices waiting at the learner: (actor, slot, version)
     clock, queue, learner_busy_until, done = 0.0, [], 0.0, 0
 
@@ -262,13 +268,16 @@ def simulate(actors: int, slots: int, bound: int, update_s: float, seed: int, sp
     return {"dropped": lag.dropped, "trained": sum(lag.trained.values()), "max": max(lag.trained)}
 
 
-@pytest.mark.parametrize("actors, slots, bound, update_s, spread", [
-    (2, 2, 2, 0.5, 0.2),  # learner faster than the actors
-    (2, 2, 2, 1.5, 0.2),  # learner the bottleneck
-    (4, 2, 2, 0.3, 1.0),  # fragment times vary a lot: fast fragments overtake slow ones
-    (8, 4, 3, 0.2, 1.0),
-    (2, 2, 0, 0.5, 0.2),  # strictly synchronous
-])
+@pytest.mark.parametrize(
+    "actors, slots, bound, update_s, spread",
+    [
+        (2, 2, 2, 0.5, 0.2),  # learner faster than the actors
+        (2, 2, 2, 1.5, 0.2),  # learner the bottleneck
+        (4, 2, 2, 0.3, 1.0),  # fragment times vary a lot: fast fragments overtake slow ones
+        (8, 4, 3, 0.2, 1.0),
+        (2, 2, 0, 0.5, 0.2),  # strictly synchronous
+    ],
+)
 def test_lag_aware_credits_waste_nothing_in_a_simulated_run(actors, slots, bound, update_s, spread):
     result = simulate(actors, slots, bound, update_s, seed=actors * 10 + bound, spread=spread)
     assert result["dropped"] == 0, result  # plain credits drop 20-80 % of these fragments

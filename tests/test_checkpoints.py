@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import newest_set, wait_for
 from tianji.config import build_config
-from tianji.runtime.driver.checkpoint import CheckpointError, CheckpointSets, set_damage
+from tianji.runtime.driver.checkpoint import CheckpointSets, set_damage
 from tianji.runtime.roles.build import build_learner
 from tianji.tools.evaluate import evaluate_run
 from tianji.tools.train import train
+
+from conftest import newest_set, wait_for
 
 
 def sets_of(run_dir: Path) -> list[Path]:
@@ -34,8 +35,18 @@ def trained(tiny_config, tmp_path, steps: int = 3072, **overrides) -> tuple[Path
 
 
 def resume(run_dir: Path, *overrides: str, launcher: str = "local") -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tianji", "train", "--resume", str(run_dir), "--launcher", launcher,
-               "--set", "logging.console=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        "--resume",
+        str(run_dir),
+        "--launcher",
+        launcher,
+        "--set",
+        "logging.console=false",
+    ]
     for item in overrides:
         command += ["--set", item]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -54,12 +65,21 @@ def test_the_newest_sets_are_kept_each_with_a_manifest_of_sizes_checksums_and_ve
     assert last["policy_version"] == summary["policy_version"]
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda s: (s / "learner.pt").write_bytes((s / "learner.pt").read_bytes()[:100]), "learner.pt is 100 bytes, the manifest says"),
-    (lambda s: (s / "manifest.json").unlink(), "incomplete (no manifest.json"),
-    (lambda s: (s / "manifest.json").write_text("{not json"), "manifest.json is unreadable"),
-    (lambda s: (s / "driver.json").write_text((s / "driver.json").read_text().replace("1", "2", 1)), "driver.json does not match its checksum"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (
+            lambda s: (s / "learner.pt").write_bytes((s / "learner.pt").read_bytes()[:100]),
+            "learner.pt is 100 bytes, the manifest says",
+        ),
+        (lambda s: (s / "manifest.json").unlink(), "incomplete (no manifest.json"),
+        (lambda s: (s / "manifest.json").write_text("{not json"), "manifest.json is unreadable"),
+        (
+            lambda s: (s / "driver.json").write_text((s / "driver.json").read_text().replace("1", "2", 1)),
+            "driver.json does not match its checksum",
+        ),
+    ],
+)
 def test_a_damaged_newest_set_is_named_in_one_line_and_the_one_before_resumes(tiny_config, tmp_path, damage, expected):
     run_dir, first = trained(tiny_config, tmp_path)
     *_, before, newest = sets_of(run_dir)
@@ -133,19 +153,30 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 def test_a_learner_built_from_a_checkpoint_holds_exactly_its_state(tiny_config, tmp_path):
     """Weights, optimizer moments and step count, version, update and env-step counters (the schedule's position)."""
-    cfg = build_config({**tiny_config().model_dump(mode="json"),
-                        "algo": {"name": "ppo", "epochs": 2, "minibatches": 2, "lr_schedule": "linear", "lr_horizon": 50_000}})
+    cfg = build_config(
+        {
+            **tiny_config().model_dump(mode="json"),
+            "algo": {"name": "ppo", "epochs": 2, "minibatches": 2, "lr_schedule": "linear", "lr_horizon": 50_000},
+        }
+    )
     run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
     saved = torch.load(newest_set(run_dir) / "learner.pt", weights_only=True)
     learner = build_learner(cfg, saved)
     assert_same_state(learner.state_dict(), saved)
     assert saved["algo"]["optimizer"]["steps"] > 0 and saved["env_steps_consumed"] > 0
     # the learning-rate schedule goes on from where it was: the next update's rate counts the checkpoint's env steps
-    fragment = {"obs": np.zeros((16, 4, 4), np.float32), "action": np.zeros((16, 4), np.int64),
-                "logp": np.full((16, 4), -0.69, np.float32), "value": np.zeros((16, 4), np.float32),
-                "reward": np.ones((16, 4), np.float32), "terminated": np.zeros((16, 4), bool),
-                "done": np.zeros((16, 4), bool), "valid": np.ones((16, 4), bool),
-                "bootstrap_value": np.zeros(4, np.float32), "last_obs": np.zeros((4, 4), np.float32)}
+    fragment = {
+        "obs": np.zeros((16, 4, 4), np.float32),
+        "action": np.zeros((16, 4), np.int64),
+        "logp": np.full((16, 4), -0.69, np.float32),
+        "value": np.zeros((16, 4), np.float32),
+        "reward": np.ones((16, 4), np.float32),
+        "terminated": np.zeros((16, 4), bool),
+        "done": np.zeros((16, 4), bool),
+        "valid": np.ones((16, 4), bool),
+        "bootstrap_value": np.zeros(4, np.float32),
+        "last_obs": np.zeros((4, 4), np.float32),
+    }
     from tianji.runtime.roles.actor import Fragment
 
     learner.consume(Fragment(fragment, 0, 0, learner.version, 64))
@@ -175,8 +206,12 @@ def small_filesystem(path: Path, megabytes: int) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def fill(path: Path) -> Path:
@@ -201,9 +236,27 @@ def test_a_full_disk_costs_writes_not_the_run_nor_the_last_good_set(tmp_path):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         run_dir = disk / "run"
-        command = [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir),
-                   "--set", "stop.target_return=null", "--set", "stop.max_wall_time_s=25", "--set", "logging.console=false",
-                   "--set", "logging.interval_s=0.2", "--set", "checkpoint.interval_s=0.3", "--set", "logging.tensorboard=false"]
+        command = [
+            sys.executable,
+            "-m",
+            "tianji",
+            "train",
+            "cartpole-ppo",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "stop.target_return=null",
+            "--set",
+            "stop.max_wall_time_s=25",
+            "--set",
+            "logging.console=false",
+            "--set",
+            "logging.interval_s=0.2",
+            "--set",
+            "checkpoint.interval_s=0.3",
+            "--set",
+            "logging.tensorboard=false",
+        ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert wait_for(lambda: len(sets_of(run_dir)) >= 2, 60), "no checkpoint set written"
         filler = fill(disk)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import FakeAlgoLearner, FakePolicy, FakeVectorEnv
 
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.learner import Learner
 
+from conftest import FakeAlgoLearner, FakePolicy, FakeVectorEnv
+
 
 def make_actor(T=5, k=3, episode_length=4, truncate=False):
-    return Actor(actor_id=2, envs=FakeVectorEnv(k, episode_length, truncate), policy=FakePolicy(),
-                 fragment_length=T, seed=0)
+    return Actor(
+        actor_id=2, envs=FakeVectorEnv(k, episode_length, truncate), policy=FakePolicy(), fragment_length=T, seed=0
+    )
 
 
 def test_actor_fragments_are_shaped_and_stamped():
@@ -84,8 +86,15 @@ def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
     evaluator.set_weights(2, {"w": np.array([2.0], np.float32)})
     assert evaluator.has_new_weights()
     result = evaluator.evaluate()
-    assert result == {"kind": "eval", "role": "evaluator", "return_mean": 4.0, "return_min": 4.0, "length_mean": 4.0, "version": 2,
-                      "episodes": 3}
+    assert result == {
+        "kind": "eval",
+        "role": "evaluator",
+        "return_mean": 4.0,
+        "return_min": 4.0,
+        "length_mean": 4.0,
+        "version": 2,
+        "episodes": 3,
+    }
     assert not evaluator.has_new_weights()
     evaluator.set_weights(1, {"w": np.array([1.0], np.float32)})  # older: ignored
     assert evaluator.version == 2

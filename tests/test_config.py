@@ -19,8 +19,9 @@ def test_presets_load_and_round_trip_through_yaml():
 
 
 def test_overrides_are_typed():
-    cfg = load_config("cartpole-ppo", ["topology.actors=3", "algo.lr=0.01", "stop.target_return=null",
-                                       "algo.hidden=[32, 32]"])
+    cfg = load_config(
+        "cartpole-ppo", ["topology.actors=3", "algo.lr=0.01", "stop.target_return=null", "algo.hidden=[32, 32]"]
+    )
     assert cfg.topology.actors == 3 and cfg.algo.lr == 0.01 and cfg.stop.target_return is None
     assert cfg.algo.hidden == [32, 32]
 
@@ -57,8 +58,7 @@ def test_every_field_is_documented():
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tianji", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "tianji", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def test_cli_rejects_bad_config_with_exit_code_and_field(tmp_path):

@@ -30,8 +30,17 @@ def train_example(tmp_path: Path, *overrides: str) -> dict:
     """`tianji train` on the example YAML as a fresh command, the module found through PYTHONPATH only."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(EXAMPLE)}
-    command = [sys.executable, "-m", "tianji", "train", str(EXAMPLE / "gridwalk.yaml"), "--run-dir", str(run_dir),
-               "--set", "logging.console=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        str(EXAMPLE / "gridwalk.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "logging.console=false",
+    ]
     for item in overrides:
         command += ["--set", item]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -92,24 +101,35 @@ def test_a_module_that_cannot_be_imported_is_named_with_its_error(user_modules):
 
 
 def test_an_id_the_module_did_not_register_names_what_it_did(user_modules):
-    user_modules("few_envs", """
+    user_modules(
+        "few_envs",
+        """
         import gymnasium as gym
         gym.register("FewEnvsA-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
         gym.register("FewEnvsB-v0", entry_point="few_envs:Nothing")
-    """)
-    with pytest.raises(ConfigError, match=r"env.id: module 'few_envs' was imported but registered no environment "
-                                          r"'Missing-v0'; it registered FewEnvsB-v0"):
+    """,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"env.id: module 'few_envs' was imported but registered no environment "
+        r"'Missing-v0'; it registered FewEnvsB-v0",
+    ):
         check_env(env_config(id="few_envs:Missing-v0").env)
 
 
 def test_a_factory_must_return_a_gymnasium_env(user_modules):
-    user_modules("not_envs", """
+    user_modules(
+        "not_envs",
+        """
         def make(size=3):
             return [0] * size
         VALUE = 3
-    """)
+    """,
+    )
     cfg = env_config(entry_point="not_envs:make", kwargs={"size": 2}).env
-    with pytest.raises(ConfigError, match=r"env.entry_point: 'not_envs:make' returned a list, expected a gymnasium.Env"):
+    with pytest.raises(
+        ConfigError, match=r"env.entry_point: 'not_envs:make' returned a list, expected a gymnasium.Env"
+    ):
         make_vector_env(cfg, 2)
     with pytest.raises(ConfigError, match=r"env.entry_point: 'not_envs:VALUE' is a int"):
         check_env(env_config(entry_point="not_envs:VALUE").env)
@@ -119,8 +139,11 @@ def test_a_factory_must_return_a_gymnasium_env(user_modules):
 
 def test_spaces_an_algorithm_cannot_take_are_named():
     cfg = build_config({"env": {"id": "Pendulum-v1"}, "algo": {"name": "dqn"}})
-    with pytest.raises(ConfigError, match=r"env.id 'Pendulum-v1': algo.name 'dqn' cannot train on it: "
-                                          r"DQN needs a Discrete action space"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env.id 'Pendulum-v1': algo.name 'dqn' cannot train on it: "
+        r"DQN needs a Discrete action space",
+    ):
         check_env_and_algo(cfg)
 
 

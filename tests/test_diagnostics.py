@@ -28,26 +28,59 @@ def jsonl_keys(run_dir: Path) -> set[str]:
     return {key for line in open(run_dir / "metrics.jsonl") for key in json.loads(line)}
 
 
-@pytest.mark.parametrize("preset, overrides, specific", [
-    ("cartpole-ppo", ["algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-     {"train/clip_frac"}),
-    ("cartpole-impala", ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-     {"train/rho_mean", "train/rho_clipped"}),
-    ("cartpole-impala", ["algo.name=appo", "topology.actors=1", "topology.envs_per_actor=4",
-                         "topology.fragment_length=16"], {"train/clip_frac", "train/rho_mean", "train/rho_clipped"}),
-    ("mpe-spread-mappo", [f"env.id={SPREAD}", "algo.epochs=1", "topology.actors=1", "topology.envs_per_actor=4",
-                          "topology.fragment_length=25"], {"train/clip_frac"}),
-    ("catch-impala", ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-     {"train/rho_mean", "train/dead_units"}),
-])
+@pytest.mark.parametrize(
+    "preset, overrides, specific",
+    [
+        (
+            "cartpole-ppo",
+            ["algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            {"train/clip_frac"},
+        ),
+        (
+            "cartpole-impala",
+            ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            {"train/rho_mean", "train/rho_clipped"},
+        ),
+        (
+            "cartpole-impala",
+            ["algo.name=appo", "topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            {"train/clip_frac", "train/rho_mean", "train/rho_clipped"},
+        ),
+        (
+            "mpe-spread-mappo",
+            [
+                f"env.id={SPREAD}",
+                "algo.epochs=1",
+                "topology.actors=1",
+                "topology.envs_per_actor=4",
+                "topology.fragment_length=25",
+            ],
+            {"train/clip_frac"},
+        ),
+        (
+            "catch-impala",
+            ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            {"train/rho_mean", "train/dead_units"},
+        ),
+    ],
+)
 def test_policy_gradient_diagnostics_reach_the_csv(preset, overrides, specific, tmp_path):
-    cfg = load_config(preset, [*overrides, "stop.target_return=null", "stop.max_env_steps=3000",
-                               "logging.console=false", "logging.interval_s=0.1", "eval.interval_s=null"])
+    cfg = load_config(
+        preset,
+        [
+            *overrides,
+            "stop.target_return=null",
+            "stop.max_env_steps=3000",
+            "logging.console=false",
+            "logging.interval_s=0.1",
+            "eval.interval_s=null",
+        ],
+    )
     run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
     columns = csv_columns(run_dir)
     assert EVERY_POLICY_GRADIENT | specific <= set(columns)
     assert jsonl_keys(run_dir) <= set(columns), "the CSV carries every metric the JSONL carries"
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv", newline="")))
+    rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
     assert any(row["train/entropy"] not in ("", "nan") for row in rows)
 
 
@@ -57,14 +90,14 @@ def test_csv_widens_when_a_metric_first_appears_late(tmp_path):
     writer.write({"time_s": 2.0, "env_steps": 20, "train/entropy": 1.5}, [])
     writer.write({"time_s": 3.0, "env_steps": 30, "train/entropy": 1.4, "train/lr": 0.1}, [])
     writer.close()
-    rows = list(csv.DictReader(open(tmp_path / "metrics.csv", newline="")))
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
     assert list(rows[0]) == ["time_s", "env_steps", "train/entropy", "train/lr"]
     assert [row["train/entropy"] for row in rows] == ["", "1.5", "1.4"]
     assert rows[2]["train/lr"] == "0.1"
     resumed = RowWriter(tmp_path, tensorboard=False)  # a resumed run appends under the same header
     resumed.write({"time_s": 4.0, "env_steps": 40, "train/entropy": 1.3, "train/lr": 0.05}, [])
     resumed.close()
-    rows = list(csv.DictReader(open(tmp_path / "metrics.csv", newline="")))
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
     assert len(rows) == 4 and rows[3]["train/lr"] == "0.05"
 
 
@@ -72,8 +105,15 @@ def fake_run(run_dir: Path, slope: float) -> Path:
     run_dir.mkdir(parents=True)
     writer = RowWriter(run_dir, tensorboard=False)
     for i in range(20):
-        writer.write({"time_s": float(i), "env_steps": 1000 * i, "env/return_mean100": -21 + slope * i,
-                      "eval/return_mean": float("nan")}, [])
+        writer.write(
+            {
+                "time_s": float(i),
+                "env_steps": 1000 * i,
+                "env/return_mean100": -21 + slope * i,
+                "eval/return_mean": float("nan"),
+            },
+            [],
+        )
     writer.close()
     return run_dir
 
@@ -88,7 +128,11 @@ def test_plot_overlays_two_runs_in_one_png(tmp_path):
     assert [line.get_label() for line in by_time.lines] == ["adam", "rmsprop"]
     assert len(by_steps.lines) == 2
     out = tmp_path / "compare.png"
-    done = subprocess.run([sys.executable, "-m", "tianji", "plot", *map(str, runs), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "tianji", "plot", *map(str, runs), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -55,7 +55,7 @@ def test_td_loss_is_weighted_huber():
 
 def test_epsilon_ladder_matches_apex_formula():
     assert epsilon_ladder(0, 8, 0.4, 7.0) == pytest.approx(0.4)
-    assert epsilon_ladder(7, 8, 0.4, 7.0) == pytest.approx(0.4 ** 8)
+    assert epsilon_ladder(7, 8, 0.4, 7.0) == pytest.approx(0.4**8)
     assert epsilon_ladder(3, 8, 0.4, 7.0) == pytest.approx(0.4 ** (1 + 7 * 3 / 7))
     assert epsilon_ladder(0, 1, 0.4, 7.0) == 0.4
 

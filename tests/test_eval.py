@@ -17,8 +17,12 @@ def test_eval_plays_greedy_episodes_prints_the_score_and_records_a_video(tiny_co
     pytest.importorskip("pygame")
     run_dir, _ = train(tiny_config(max_env_steps=2048), "inline", run_dir=str(tmp_path / "run"))
     video = tmp_path / "episode.gif"
-    result = subprocess.run([sys.executable, "-m", "tianji", "eval", str(run_dir), "--episodes", "3",
-                             "--video", str(video)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji", "eval", str(run_dir), "--episodes", "3", "--video", str(video)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "3 greedy episodes: mean" in result.stdout and "min" in result.stdout and "max" in result.stdout
     assert video.stat().st_size > 1000
@@ -30,8 +34,10 @@ def test_eval_of_an_image_env_writes_an_mp4_from_what_the_agent_sees(tmp_path):
     pytest.importorskip("imageio_ffmpeg")
     from tianji.config import load_config
 
-    cfg = load_config("catch-impala", [f"logging.run_root={tmp_path}", "logging.console=false",
-                                       "stop.target_return=null", "stop.max_env_steps=640"])
+    cfg = load_config(
+        "catch-impala",
+        [f"logging.run_root={tmp_path}", "logging.console=false", "stop.target_return=null", "stop.max_env_steps=640"],
+    )
     run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
     result = evaluate_run(run_dir, episodes=2, video=tmp_path / "catch.mp4")
     assert (tmp_path / "catch.mp4").stat().st_size > 0 and result["episodes"] == 2
@@ -52,9 +58,19 @@ def test_eval_video_of_an_atari_run_shows_the_games_screen_in_colour(tmp_path):
     imageio = pytest.importorskip("imageio.v2")
     from tianji.config import load_config
 
-    cfg = load_config("pong-ppo", [f"logging.run_root={tmp_path}", "logging.console=false", "stop.target_return=null",
-                                   "stop.max_env_steps=512", "topology.actors=1", "topology.envs_per_actor=4",
-                                   "topology.fragment_length=32", "env.kwargs.max_num_frames_per_episode=400"])
+    cfg = load_config(
+        "pong-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.target_return=null",
+            "stop.max_env_steps=512",
+            "topology.actors=1",
+            "topology.envs_per_actor=4",
+            "topology.fragment_length=32",
+            "env.kwargs.max_num_frames_per_episode=400",
+        ],
+    )
     run_dir, _ = train(cfg, "inline", run_dir=str(tmp_path / "run"))
     screen = evaluate_run(run_dir, episodes=2, video=tmp_path / "screen.gif")
     frames = imageio.mimread(tmp_path / "screen.gif")

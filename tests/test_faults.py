@@ -18,17 +18,29 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import alive, wait_for, newest_set
 
 from tianji.runtime.driver.checkpoint import load_learner
 from tianji.runtime.transport.links import sweep_leftovers
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, shm_root
 from tianji.runtime.transport.wire import WireError, pack_header
 
+from conftest import alive, newest_set, wait_for
+
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir),
-               "--set", "logging.console=false", "--set", "logging.interval_s=0.2"]
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        "cartpole-ppo",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "logging.console=false",
+        "--set",
+        "logging.interval_s=0.2",
+    ]
     for item in overrides:
         command += ["--set", item]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -62,10 +74,18 @@ def leftovers_of(driver_pid: int) -> list[Path]:
 
 def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
     run_dir = tmp_path / "run"
-    process = start_training(run_dir, "stop.target_return=null", "stop.max_wall_time_s=120", "checkpoint.interval_s=0.5")
+    process = start_training(
+        run_dir, "stop.target_return=null", "stop.max_wall_time_s=120", "checkpoint.interval_s=0.5"
+    )
     try:
-        assert wait_for(lambda: (run_dir / "roles.json").exists() and checkpoint_version(run_dir) > 0
-                        and (newest_set(run_dir) / "driver.json").exists(), 60), "the run did not get going"
+        assert wait_for(
+            lambda: (
+                (run_dir / "roles.json").exists()
+                and checkpoint_version(run_dir) > 0
+                and (newest_set(run_dir) / "driver.json").exists()
+            ),
+            60,
+        ), "the run did not get going"
         roles = json.loads((run_dir / "roles.json").read_text())
         os.kill(process.pid, signal.SIGKILL)  # the OOM killer, a scheduler, a closed SSH session
         process.wait(10)
@@ -79,8 +99,12 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
     saved = json.loads((newest_set(run_dir) / "driver.json").read_text())
     version = load_learner(run_dir / "checkpoints")["version"]
     more = saved["env_steps"] + 20_000
-    result = subprocess.run([sys.executable, "-m", "tianji", "train", "--resume", str(run_dir), "--set",
-                             f"stop.max_env_steps={more}"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji", "train", "--resume", str(run_dir), "--set", f"stop.max_env_steps={more}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= more and summary["policy_version"] > version
@@ -98,14 +122,22 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_tar
     assert json.loads((run_dir / "roles.json").read_text())["learner0"] != victim
     assert summary["policy_lag_max"] <= 8
     # the new learner started from the checkpoint, not from scratch
-    versions = [int(float(r["balance/policy_version"])) for r in csv.DictReader(open(run_dir / "metrics.csv"))]
+    versions = [
+        int(float(r["balance/policy_version"]))
+        for r in csv.DictReader((run_dir / "metrics.csv").read_text().splitlines())
+    ]
     first_past = next(i for i, v in enumerate(versions) if v >= restored_from)
     assert min(versions[first_past:]) >= restored_from
 
 
 def test_a_restarted_learner_that_keeps_failing_ends_the_run(tmp_path):
-    _, _, returncode, output = kill_mid_run(tmp_path / "run", "learner0", "stop.target_return=null",
-                                         "stop.max_wall_time_s=60", "supervision.max_learner_restarts=0")
+    _, _, returncode, output = kill_mid_run(
+        tmp_path / "run",
+        "learner0",
+        "stop.target_return=null",
+        "stop.max_wall_time_s=60",
+        "supervision.max_learner_restarts=0",
+    )
     assert returncode == 1
     assert "learner restarts reached supervision limit 0" in output
 

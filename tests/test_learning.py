@@ -6,14 +6,18 @@ import pytest
 
 from tianji.config import load_config
 from tianji.tools.train import train
+
 from conftest import newest_set
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, metric", [
-    ("cartpole-ppo", "env/return_mean100"),  # mean of the last 100 training episodes
-    ("cartpole-dqn", "eval/return_mean"),  # greedy evaluation, 20 episodes
-])
+@pytest.mark.parametrize(
+    "preset, metric",
+    [
+        ("cartpole-ppo", "env/return_mean100"),  # mean of the last 100 training episodes
+        ("cartpole-dqn", "eval/return_mean"),  # greedy evaluation, 20 episodes
+    ],
+)
 def test_cartpole_reaches_475(preset, metric, tmp_path):
     cfg = load_config(preset, [f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240"])
     _, summary = train(cfg, "local")
@@ -27,8 +31,15 @@ def test_cartpole_reaches_475(preset, metric, tmp_path):
 def test_a_tight_lag_bound_wastes_no_fragments(tmp_path):
     """Lag-aware credits: with max_policy_lag=2 actors wait for fresh weights instead of producing
     fragments that would be dropped (plain credits threw away 40 % of them here)."""
-    cfg = load_config("cartpole-ppo", [f"logging.run_root={tmp_path}", "logging.console=false",
-                                       "stop.max_wall_time_s=240", "balance.max_policy_lag=2"])
+    cfg = load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            "balance.max_policy_lag=2",
+        ],
+    )
     _, summary = train(cfg, "local")
     assert summary["target_reached"], summary
     assert summary["fragments_dropped"] <= 0.05 * (summary["fragments_dropped"] + summary["fragments_trained"])
@@ -36,14 +47,25 @@ def test_a_tight_lag_bound_wastes_no_fragments(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, overrides", [
-    ("cartpole-ppo", ["sync.mode=allreduce"]),
-    ("cartpole-ppo", ["sync.mode=average", "sync.every=4"]),
-    ("cartpole-dqn", ["topology.actors=2"]),
-])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("cartpole-ppo", ["sync.mode=allreduce"]),
+        ("cartpole-ppo", ["sync.mode=average", "sync.every=4"]),
+        ("cartpole-dqn", ["topology.actors=2"]),
+    ],
+)
 def test_two_learners_reach_the_target(preset, overrides, tmp_path):
-    cfg = load_config(preset, [f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-                               "topology.learners=2", *overrides])
+    cfg = load_config(
+        preset,
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            "topology.learners=2",
+            *overrides,
+        ],
+    )
     run_dir, summary = train(cfg, "local")
     assert summary["target_reached"], summary
     assert set(summary["learners"]) == {"learner0", "learner1"}

@@ -56,12 +56,14 @@ def lambda_return_reference(r, q_next, done, term, gamma, lam):
         end = next((u for u in range(t, T) if done[u]), T - 1)  # last step that belongs to the return
         horizon = end - t + 1
 
-        def n_step(n):
+        def n_step(n, t=t):
             u = t + n - 1
-            value = sum(gamma ** i * r[t + i] for i in range(n))
-            return value + (0.0 if term[u] else gamma ** n * q_next[u])
+            value = sum(gamma**i * r[t + i] for i in range(n))
+            return value + (0.0 if term[u] else gamma**n * q_next[u])
 
-        out[t] = sum((1 - lam) * lam ** (n - 1) * n_step(n) for n in range(1, horizon)) + lam ** (horizon - 1) * n_step(horizon)
+        out[t] = sum((1 - lam) * lam ** (n - 1) * n_step(n) for n in range(1, horizon)) + lam ** (horizon - 1) * n_step(
+            horizon
+        )
     return out
 
 
@@ -77,11 +79,25 @@ def test_td_lambda_targets_match_the_forward_view(case):
         done[2] = term[2] = True
     if case in ("truncated", "both"):
         done[5] = True
-    got = td_lambda_targets(torch.tensor(r)[:, None], torch.tensor(q_next)[:, None], torch.tensor(q_next[-1:]),
-                            torch.tensor(done)[:, None], torch.tensor(term)[:, None], gamma, lam)[:, 0].numpy()
+    got = td_lambda_targets(
+        torch.tensor(r)[:, None],
+        torch.tensor(q_next)[:, None],
+        torch.tensor(q_next[-1:]),
+        torch.tensor(done)[:, None],
+        torch.tensor(term)[:, None],
+        gamma,
+        lam,
+    )[:, 0].numpy()
     np.testing.assert_allclose(got, lambda_return_reference(r, q_next, done, term, gamma, lam), rtol=1e-6, atol=1e-9)
-    one_step = td_lambda_targets(torch.tensor(r)[:, None], torch.tensor(q_next)[:, None], torch.tensor(q_next[-1:]),
-                                 torch.tensor(done)[:, None], torch.tensor(term)[:, None], gamma, 0.0)[:, 0].numpy()
+    one_step = td_lambda_targets(
+        torch.tensor(r)[:, None],
+        torch.tensor(q_next)[:, None],
+        torch.tensor(q_next[-1:]),
+        torch.tensor(done)[:, None],
+        torch.tensor(term)[:, None],
+        gamma,
+        0.0,
+    )[:, 0].numpy()
     np.testing.assert_allclose(one_step, r + gamma * q_next * ~term, rtol=1e-6)
 
 
@@ -107,8 +123,13 @@ def test_qmix_policy_explores_and_exploits_only_available_actions():
         for step in range(50):
             avail = rng.random((8, 3, 5)) < 0.5
             avail[..., 0] = True
-            obs = {"obs": rng.normal(size=(8, 3, 18)).astype(np.float32), "state": np.zeros((8, 54), np.float32),
-                   "avail_actions": avail, "active": np.ones((8, 3), bool), "first": np.full((8, 1), step == 0)}
+            obs = {
+                "obs": rng.normal(size=(8, 3, 18)).astype(np.float32),
+                "state": np.zeros((8, 54), np.float32),
+                "avail_actions": avail,
+                "active": np.ones((8, 3), bool),
+                "first": np.full((8, 1), step == 0),
+            }
             action, record = policy.act(obs)
             assert avail[np.arange(8)[:, None], np.arange(3)[None], action].all()
             assert (record["last_action"] == -1).all() == (step == 0)
@@ -119,8 +140,13 @@ def test_qmix_policy_explores_and_exploits_only_available_actions():
 
 @pytest.mark.parametrize("check", ["shapes", "win", "truncation"])
 def test_smax_adapter(check):
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "smax_checks.py"), check], capture_output=True,
-                         text=True, timeout=240, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "smax_checks.py"), check],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "jax" not in sys.modules
 
@@ -149,7 +175,7 @@ def test_pettingzoo_simple_spread_adapter():
     assert obs["obs"].shape == (2, 3, 18) and obs["state"].shape == (2, 54) and obs["first"].all()
     assert obs["avail_actions"].shape == (2, 3, 5) and obs["avail_actions"].all() and obs["active"].all()
     assert envs.recorded_info == ()  # no wins in simple_spread
-    for step in range(5):
+    for _ in range(5):
         obs, reward, terminated, truncated, info = envs.step(np.zeros((2, 3), np.int64))
         assert reward.shape == (2,) and reward.dtype == np.float32
     assert truncated.all() and not terminated.any(), "max_cycles is a time-out"
@@ -185,8 +211,13 @@ def test_actor_records_dict_observations_and_carries_qmix_memory_across_fragment
 
 
 def run_cli(*args: str, timeout: int = 240) -> dict:
-    out = subprocess.run([sys.executable, "-m", "tianji", "train", *args, "--set", "logging.console=false"],
-                         capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "tianji", "train", *args, "--set", "logging.console=false"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     run_dir = next(line.split(": ", 1)[1] for line in out.stdout.splitlines() if line.startswith("run directory"))
     return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -194,10 +225,25 @@ def run_cli(*args: str, timeout: int = 240) -> dict:
 
 @pytest.mark.parametrize("preset,launcher", [("smax-3m-qmix", "inline"), ("smax-3m-mappo", "local")])
 def test_smax_runs_end_to_end(tmp_path, preset, launcher):
-    summary = run_cli(preset, "--launcher", launcher, "--run-dir", str(tmp_path / "run"),
-                      "--set", "stop.max_env_steps=6000", "--set", "stop.max_wall_time_s=120",
-                      "--set", "topology.envs_per_actor=16", "--set", "eval.interval_s=1", "--set", "eval.episodes=8",
-                      "--set", "algo.learning_starts_sequences=16" if preset.endswith("qmix") else "algo.epochs=1")
+    summary = run_cli(
+        preset,
+        "--launcher",
+        launcher,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "stop.max_env_steps=6000",
+        "--set",
+        "stop.max_wall_time_s=120",
+        "--set",
+        "topology.envs_per_actor=16",
+        "--set",
+        "eval.interval_s=1",
+        "--set",
+        "eval.episodes=8",
+        "--set",
+        "algo.learning_starts_sequences=16" if preset.endswith("qmix") else "algo.epochs=1",
+    )
     assert summary["env_steps"] >= 6000 and summary["updates"] > 0
     assert summary["final_win_rate100"] is not None and summary["final_eval_win_rate"] is not None
     assert summary["policy_lag_max"] <= load_config(preset, []).balance.max_policy_lag
@@ -206,11 +252,24 @@ def test_smax_runs_end_to_end(tmp_path, preset, launcher):
 @pytest.mark.parametrize("algo,launcher", [("qmix", "local"), ("mappo", "inline"), ("mappo-recurrent", "local")])
 def test_pettingzoo_runs_end_to_end(tmp_path, algo, launcher):
     preset = "smax-3m-qmix" if algo == "qmix" else "mpe-spread-mappo"
-    extra = {"qmix": ["algo.learning_starts_sequences=8"], "mappo": ["algo.epochs=1"],
-             "mappo-recurrent": ["algo.epochs=1", "algo.recurrent=true"]}[algo]
-    cfg = load_config(preset, [f"env.id={SPREAD}", "env.kwargs={N: 3, max_cycles: 25}", "stop.target_return=null",
-                               "stop.max_env_steps=4000", "topology.envs_per_actor=8", "eval.interval_s=null",
-                               "logging.console=false", *extra])
+    extra = {
+        "qmix": ["algo.learning_starts_sequences=8"],
+        "mappo": ["algo.epochs=1"],
+        "mappo-recurrent": ["algo.epochs=1", "algo.recurrent=true"],
+    }[algo]
+    cfg = load_config(
+        preset,
+        [
+            f"env.id={SPREAD}",
+            "env.kwargs={N: 3, max_cycles: 25}",
+            "stop.target_return=null",
+            "stop.max_env_steps=4000",
+            "topology.envs_per_actor=8",
+            "eval.interval_s=null",
+            "logging.console=false",
+            *extra,
+        ],
+    )
     _, summary = train(cfg, launcher=launcher, run_dir=str(tmp_path / "run"))
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0 and summary["episodes"] > 0
     assert summary["final_win_rate100"] is None  # PettingZoo envs report no wins
@@ -236,8 +295,16 @@ QMIX_BAR, QMIX_SECONDS = 0.75, 300
 @pytest.mark.slow
 def test_mappo_wins_smax_3m(tmp_path):
     """MAPPO learns the StarCraft map 3m: greedy win rate MAPPO_BAR within MAPPO_SECONDS."""
-    summary = run_cli("smax-3m-mappo", "--run-dir", str(tmp_path / "run"), "--set", f"stop.target_return={MAPPO_BAR}",
-                      "--set", f"stop.max_wall_time_s={MAPPO_SECONDS}", timeout=MAPPO_SECONDS + 60)
+    summary = run_cli(
+        "smax-3m-mappo",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"stop.target_return={MAPPO_BAR}",
+        "--set",
+        f"stop.max_wall_time_s={MAPPO_SECONDS}",
+        timeout=MAPPO_SECONDS + 60,
+    )
     assert summary["target_reached"], summary
     assert summary["return_at_target"] >= MAPPO_BAR > UNTRAINED_WIN_RATE_3M
 
@@ -246,8 +313,16 @@ def test_mappo_wins_smax_3m(tmp_path):
 def test_qmix_wins_smax_3m(tmp_path):
     """QMIX learns 3m too (its other tests only check that updates happen): greedy win rate QMIX_BAR
     within QMIX_SECONDS."""
-    summary = run_cli("smax-3m-qmix", "--run-dir", str(tmp_path / "run"), "--set", f"stop.target_return={QMIX_BAR}",
-                      "--set", f"stop.max_wall_time_s={QMIX_SECONDS}", timeout=QMIX_SECONDS + 60)
+    summary = run_cli(
+        "smax-3m-qmix",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"stop.target_return={QMIX_BAR}",
+        "--set",
+        f"stop.max_wall_time_s={QMIX_SECONDS}",
+        timeout=QMIX_SECONDS + 60,
+    )
     assert summary["target_reached"], summary
     assert summary["return_at_target"] >= QMIX_BAR > UNTRAINED_WIN_RATE_3M
 

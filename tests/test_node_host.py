@@ -82,6 +82,8 @@ def test_a_zygote_that_cannot_load_the_role_code_says_which_module():
 
 
 def test_the_ray_boot_path_imports_no_torch():
-    code = ("import sys; import tianji.runtime.launchers.ray_boot, tianji.runtime.roles.host; "
-            "sys.exit('torch' in sys.modules)")
+    code = (
+        "import sys; import tianji.runtime.launchers.ray_boot, tianji.runtime.roles.host; "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -18,10 +18,13 @@ def make_net(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 
-@pytest.mark.parametrize("ours_cls, ref_cls, kwargs", [
-    (Adam, torch.optim.Adam, dict(lr=3e-3, eps=1e-5)),
-    (RMSprop, torch.optim.RMSprop, dict(lr=1e-3, alpha=0.99, eps=0.01, momentum=0.5)),
-])
+@pytest.mark.parametrize(
+    "ours_cls, ref_cls, kwargs",
+    [
+        (Adam, torch.optim.Adam, {"lr": 3e-3, "eps": 1e-5}),
+        (RMSprop, torch.optim.RMSprop, {"lr": 1e-3, "alpha": 0.99, "eps": 0.01, "momentum": 0.5}),
+    ],
+)
 def test_matches_torch_optimizer_step_for_step(ours_cls, ref_cls, kwargs):
     ours_net, ref_net = make_net(0), make_net(0)
     ours, ref = ours_cls(ours_net.parameters(), **kwargs), ref_cls(ref_net.parameters(), **kwargs)
@@ -32,7 +35,7 @@ def test_matches_torch_optimizer_step_for_step(ours_cls, ref_cls, kwargs):
             opt.zero_grad()
             net(x).pow(2).mean().backward()
             opt.step()
-    for a, b in zip(ours_net.parameters(), ref_net.parameters()):
+    for a, b in zip(ours_net.parameters(), ref_net.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
@@ -51,19 +54,28 @@ def test_state_dict_round_trip_continues_identically():
         opt.zero_grad()
         net(x).sum().backward()
         opt.step()
-    for a, b in zip(net_a.parameters(), net_b.parameters()):
+    for a, b in zip(net_a.parameters(), net_b.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
 
 def test_does_not_import_dynamo():
-    code = ("import sys, torch; from tianji.algos.common.optim import Adam; n = torch.nn.Linear(2, 2); o = Adam(n.parameters(), 0.1);"
-            "n(torch.ones(1, 2)).sum().backward(); o.step(); print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys, torch; from tianji.algos.common.optim import Adam; n = torch.nn.Linear(2, 2); "
+        "o = Adam(n.parameters(), 0.1); n(torch.ones(1, 2)).sum().backward(); o.step(); "
+        "print('torch._dynamo' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-def rmsprop_reference(params: list[np.ndarray], grads_per_step: list[list[np.ndarray]], lr: float, alpha: float,
-                      eps: float, momentum: float) -> list[np.ndarray]:
+def rmsprop_reference(
+    params: list[np.ndarray],
+    grads_per_step: list[list[np.ndarray]],
+    lr: float,
+    alpha: float,
+    eps: float,
+    momentum: float,
+) -> list[np.ndarray]:
     """RMSprop written out in NumPy (Tieleman & Hinton; torch.optim.RMSprop's non-centered form)."""
     params = [p.astype(np.float64).copy() for p in params]
     square = [np.zeros_like(p) for p in params]
@@ -80,24 +92,32 @@ def rmsprop_reference(params: list[np.ndarray], grads_per_step: list[list[np.nda
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_rmsprop_matches_numpy_reference(momentum):
     gen = torch.Generator().manual_seed(3)
-    params = [torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
-              torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)]
+    params = [
+        torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
+        torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True),
+    ]
     start = [p.detach().numpy().copy() for p in params]
     optimizer = RMSprop(params, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
     history = []
     for _ in range(20):
         grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             p.grad = g.clone()
         optimizer.step()
         history.append([g.numpy() for g in grads])
     expected = rmsprop_reference(start, history, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
-    for p, e in zip(params, expected):
+    for p, e in zip(params, expected, strict=True):
         np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-10, atol=1e-12)
 
 
-def tensorflow_rmsprop_reference(params: list[np.ndarray], grads_per_step: list[list[np.ndarray]], lr: float,
-                                 alpha: float, eps: float, momentum: float) -> list[np.ndarray]:
+def tensorflow_rmsprop_reference(
+    params: list[np.ndarray],
+    grads_per_step: list[list[np.ndarray]],
+    lr: float,
+    alpha: float,
+    eps: float,
+    momentum: float,
+) -> list[np.ndarray]:
     """tf.train.RMSPropOptimizer (TF 1, not centered) written out in NumPy: its `ms` slot starts at ones,
     eps sits inside the square root, momentum accumulates lr-scaled steps."""
     params = [p.astype(np.float64).copy() for p in params]
@@ -114,20 +134,23 @@ def tensorflow_rmsprop_reference(params: list[np.ndarray], grads_per_step: list[
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_tensorflow_rmsprop_matches_numpy_reference(momentum):
     gen = torch.Generator().manual_seed(4)
-    params = [torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
-              torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)]
+    params = [
+        torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True),
+        torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True),
+    ]
     start = [p.detach().numpy().copy() for p in params]
-    optimizer = make_optimizer(params, OptimizerConfig(name="rmsprop_tf", alpha=0.95, eps=1e-3, momentum=momentum),
-                               lr=1e-2)
+    optimizer = make_optimizer(
+        params, OptimizerConfig(name="rmsprop_tf", alpha=0.95, eps=1e-3, momentum=momentum), lr=1e-2
+    )
     history = []
     for _ in range(20):
         grads = [3 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             p.grad = g.clone()
         optimizer.step()
         history.append([g.numpy() for g in grads])
     expected = tensorflow_rmsprop_reference(start, history, lr=1e-2, alpha=0.95, eps=1e-3, momentum=momentum)
-    for p, e in zip(params, expected):
+    for p, e in zip(params, expected, strict=True):
         np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-10, atol=1e-12)
 
 

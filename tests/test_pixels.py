@@ -14,6 +14,7 @@ from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, pool_path, remove_pools
 from tianji.tools.train import train
+
 from conftest import newest_set
 
 
@@ -86,9 +87,18 @@ def test_pong_runs_end_to_end_with_the_real_emulator(algo, learners, tmp_path):
     raw = load_raw("pong-ppo")
     if algo is not None:
         raw["algo"] = algo
-    raw = apply_overrides(raw, [f"logging.run_root={tmp_path}", "logging.console=false", "stop.target_return=null",
-                                "stop.max_env_steps=2560", "topology.envs_per_actor=8", "topology.fragment_length=20",
-                                f"topology.learners={learners}"])
+    raw = apply_overrides(
+        raw,
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.target_return=null",
+            "stop.max_env_steps=2560",
+            "topology.envs_per_actor=8",
+            "topology.fragment_length=20",
+            f"topology.learners={learners}",
+        ],
+    )
     cfg = build_config(raw)
     envs = make_vector_env(cfg.env, 2)
     assert envs.single_observation_space.shape == (4, 42, 42) and envs.single_observation_space.dtype == np.uint8
@@ -140,8 +150,9 @@ def test_learner_device_auto_is_the_cpu_here_and_cuda_must_exist():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 @pytest.mark.parametrize("preset", ["catch-impala", "cartpole-ppo", "cartpole-dqn"])
 def test_a_cuda_learner_trains_on_cpu_actors_data(preset):
-    cfg = load_config(preset, ["learner.device=cuda", "algo.learning_starts=0"] if "dqn" in preset
-                      else ["learner.device=cuda"])
+    cfg = load_config(
+        preset, ["learner.device=cuda", "algo.learning_starts=0"] if "dqn" in preset else ["learner.device=cuda"]
+    )
     actor, learner = build_actor(cfg, 0), build_learner(cfg)
     assert next(learner.algo.net.parameters()).is_cuda
     while not learner.ready():
@@ -184,7 +195,7 @@ def test_frame_view_crops_and_max_pools_every_frame(crop, pool):
     view = FrameView(Frames(), crop, pool)
     top, bottom, left, right = crop or (0, 84, 0, 84)
     h, w = (bottom - top) // pool, (right - left) // pool
-    kept = obs[:, :, top:top + h * pool, left:left + w * pool]
+    kept = obs[:, :, top : top + h * pool, left : left + w * pool]
     expected = kept.reshape(3, 4, h, pool, w, pool).max(axis=(3, 5))
     np.testing.assert_array_equal(view.observations(obs), expected)
     assert view.single_observation_space.shape == (4, h, w)
@@ -203,7 +214,7 @@ def test_pongs_ball_keeps_its_contrast_when_pooled_not_resized():
         rng, peaks = np.random.default_rng(0), []
         for _ in range(150):
             obs, *_ = envs.step(rng.integers(0, 6, 1))
-            field = obs[0, -1, int(0.2 * obs.shape[2]):int(0.9 * obs.shape[2])]  # below the score, above the wall
+            field = obs[0, -1, int(0.2 * obs.shape[2]) : int(0.9 * obs.shape[2])]  # below the score, above the wall
             peaks.append(int(field.max()) - 87)  # 87: the background's grey
         envs.close()
         return peaks

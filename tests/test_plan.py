@@ -14,8 +14,9 @@ from tianji.tools.plan import choose, layout_space, predict
 
 
 def config(bound=8, **topology):
-    return load_config("cartpole-ppo", [f"topology.{k}={v}" for k, v in topology.items()]
-                       + [f"balance.max_policy_lag={bound}"])
+    return load_config(
+        "cartpole-ppo", [f"topology.{k}={v}" for k, v in topology.items()] + [f"balance.max_policy_lag={bound}"]
+    )
 
 
 def synthetic(actor_rates, learner_rate, fragment_steps=1024, steps_per_update=1024):
@@ -102,7 +103,7 @@ def test_calibration_is_cached_per_machine_and_config(tmp_path, monkeypatch):
 
     def fake_calibrate(cfg, space):
         calls.append(space)
-        return synthetic({k: 50_000.0 for k in space.envs}, 20_000.0, space.fragment_steps, space.fragment_steps)
+        return synthetic(dict.fromkeys(space.envs, 50000.0), 20_000.0, space.fragment_steps, space.fragment_steps)
 
     monkeypatch.setattr(plan, "_calibrate_in_child", fake_calibrate)
     cfg = config(actors="auto")
@@ -143,8 +144,15 @@ def test_near_ties_prefer_headroom_on_the_idle_side():
 
 
 def test_learners_are_planned_when_one_learner_is_the_bottleneck():
-    cal = Calibration({32: 100_000.0}, learner_rate=20_000.0, steps_per_update=2048, fragment_steps=2048,
-                      seconds=0.0, optimizer_steps_per_update=16, parameters=10_000)
+    cal = Calibration(
+        {32: 100_000.0},
+        learner_rate=20_000.0,
+        steps_per_update=2048,
+        fragment_steps=2048,
+        seconds=0.0,
+        optimizer_steps_per_update=16,
+        parameters=10_000,
+    )
     space = Space(envs=[32], actors=[1, 2, 4, 8, 16], fragment_steps=2048, preferred_envs=32, learners=(1, 2, 4, 8))
     many = choose(predict(cal, config(bound=100), space, cores=64), 32, cores=64)
     assert many.learners == 8 and many.actors >= 8, "64 cores: the learners are the bottleneck, so add learners"
@@ -158,8 +166,14 @@ def test_learners_are_planned_when_one_learner_is_the_bottleneck():
 
 
 def test_layout_space_plans_learners_up_to_half_the_cores():
-    assert layout_space(config(), cores=64, plan_envs=False, plan_actors=True, plan_learners=True).learners == \
-        (1, 2, 4, 8, 16, 32)
+    assert layout_space(config(), cores=64, plan_envs=False, plan_actors=True, plan_learners=True).learners == (
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+    )
     assert layout_space(config(), cores=2, plan_envs=False, plan_actors=True, plan_learners=True).learners == (1,)
 
 
@@ -169,14 +183,23 @@ def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
     # (no order between the two: on a loaded machine one number can take longer than the bucket)
     assert 0 < costs["allreduce_latency_s"] < 1 and 0 < costs["allreduce_bucket_s"] < 1
     assert costs["allreduce_bytes_per_s"] > 0
-    measured = Calibration({32: 100_000.0}, learner_rate=20_000.0, steps_per_update=2048, fragment_steps=2048,
-                           seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
-                           sync_latency_s=costs["allreduce_latency_s"] / 2,
-                           sync_bytes_per_s=costs["allreduce_bytes_per_s"], sync_measured=True)
+    measured = Calibration(
+        {32: 100_000.0},
+        learner_rate=20_000.0,
+        steps_per_update=2048,
+        fragment_steps=2048,
+        seconds=0.0,
+        optimizer_steps_per_update=16,
+        parameters=10_000,
+        sync_latency_s=costs["allreduce_latency_s"] / 2,
+        sync_bytes_per_s=costs["allreduce_bytes_per_s"],
+        sync_measured=True,
+    )
     # two learners: each optimizer step pays the all_reduce the probe timed (its latency, the bucket at its bandwidth)
     update_s = 2048 / 20_000.0
     assert plan.group_learner_rate(measured, 2, "allreduce") == pytest.approx(
-        2048 / (update_s + 16 * (costs["allreduce_latency_s"] + 40_000 / costs["allreduce_bytes_per_s"])), rel=1e-6)
+        2048 / (update_s + 16 * (costs["allreduce_latency_s"] + 40_000 / costs["allreduce_bytes_per_s"])), rel=1e-6
+    )
     slower = dataclasses.replace(measured, sync_bytes_per_s=measured.sync_bytes_per_s / 100)
     assert plan.group_learner_rate(slower, 4, "allreduce") < plan.group_learner_rate(measured, 4, "allreduce")
     assert "learner group (measured" in plan.format_table(measured, [], cores=8)
@@ -184,9 +207,18 @@ def test_the_planner_measures_a_learner_group_on_this_machine_and_models_it():
 
 def cluster_calibration():
     rates = {k: 2_000.0 * k for k in (4, 8, 16, 32, 64, 128)}
-    return Calibration(rates, learner_rate=30_000.0, steps_per_update=2048, fragment_steps=512, seconds=0.0,
-                       optimizer_steps_per_update=16, parameters=1_000_000, sync_latency_s=100e-6,
-                       sync_bytes_per_s=1e9, sync_measured=True)
+    return Calibration(
+        rates,
+        learner_rate=30_000.0,
+        steps_per_update=2048,
+        fragment_steps=512,
+        seconds=0.0,
+        optimizer_steps_per_update=16,
+        parameters=1_000_000,
+        sync_latency_s=100e-6,
+        sync_bytes_per_s=1e9,
+        sync_measured=True,
+    )
 
 
 def test_the_cluster_what_if_runs_a_layout_per_node_and_prices_the_link():
@@ -202,7 +234,8 @@ def test_the_cluster_what_if_runs_a_layout_per_node_and_prices_the_link():
     average = config(bound=100)
     average = average.model_copy(update={"sync": average.sync.model_copy(update={"mode": "average"})})
     assert plan.predict_cluster(cal, average, 8, 40, 1.25e7, 50e-6).env_steps_per_s == pytest.approx(
-        8 * plan.predict_cluster(cal, average, 1, 40, 1.25e7, 50e-6).env_steps_per_s)
+        8 * plan.predict_cluster(cal, average, 1, 40, 1.25e7, 50e-6).env_steps_per_s
+    )
     table = plan.format_cluster(cal, [one, eight], 1.25e9, 50e-6, "allreduce")
     assert "10 Gbit/s" in table and "measured" in table and table.count("\n") == 3
 
@@ -216,17 +249,20 @@ def test_the_cluster_mode_lays_out_a_described_cluster_and_says_why():
     with pytest.raises(ValueError, match="2 CPUs"):
         plan.plan_cluster(cluster_calibration(), config(), [{"CPU": 1.0}], 1.25e9, 50e-6)
     # with a GPU learner's rate, the node that has a GPU trains on it: one learner there
-    layouts, _, why = plan.plan_cluster(cluster_calibration(), config(bound=100), nodes, 1.25e9, 50e-6,
-                                        gpu_learner_rate=1e6)
+    layouts, _, why = plan.plan_cluster(
+        cluster_calibration(), config(bound=100), nodes, 1.25e9, 50e-6, gpu_learner_rate=1e6
+    )
     assert layouts[0] == layouts[1] and layouts[0].learners > 1  # node 0 lists "GPU": 0.0, node 1 none: CPUs
     with_gpu = [{"CPU": 40.0, "GPU": 1.0}, {"CPU": 40.0}]
-    layouts, _, why = plan.plan_cluster(cluster_calibration(), config(bound=100), with_gpu, 1.25e9, 50e-6,
-                                        gpu_learner_rate=1e6)
+    layouts, _, why = plan.plan_cluster(
+        cluster_calibration(), config(bound=100), with_gpu, 1.25e9, 50e-6, gpu_learner_rate=1e6
+    )
     assert layouts[0].learners == 1 and "1 node(s) of 40 CPUs and a GPU: 1 learner(s) on the GPU" in why
     # unlike nodes: each kind's collectives are priced with the group the others really form
     group = sum(layout.learners for layout in layouts)
-    alone = plan.predict_cluster(cluster_calibration(), config(bound=100), 2, 40, 1.25e9, 50e-6, 1e6,
-                                 others_in_group=group - 1).per_node
+    alone = plan.predict_cluster(
+        cluster_calibration(), config(bound=100), 2, 40, 1.25e9, 50e-6, 1e6, others_in_group=group - 1
+    ).per_node
     assert layouts[0] == alone
 
 
@@ -238,16 +274,26 @@ def test_a_process_shares_the_cores_with_the_others_that_want_one():
     assert speed == pytest.approx(0.75 + 0.25 * 2 / 3) and taken == pytest.approx(0.25)
     # a collective waits for the slowest: each of two learners takes 1.5 steps' time a quarter of the time
     assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=1) == pytest.approx(0.75 + 0.25 * 1.5)
-    assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=2) == pytest.approx(0.75 ** 2 + (1 - 0.75 ** 2) * 1.5)
+    assert plan.slowest_step([(1, 0.5), (1, 0.5)], cores=2, members=2) == pytest.approx(0.75**2 + (1 - 0.75**2) * 1.5)
     assert plan.slowest_step([(3, 0.0)], cores=1, members=8) == pytest.approx(1.0)
-    assert calibration.efficiency_at(0.7, 1.0, 4) == 1.0 and calibration.efficiency_at(0.7, 4.0, 4) == pytest.approx(0.7)
+    assert calibration.efficiency_at(0.7, 1.0, 4) == 1.0 and calibration.efficiency_at(0.7, 4.0, 4) == pytest.approx(
+        0.7
+    )
     assert calibration.efficiency_at(0.7, 2.5, 4) == pytest.approx(0.85)
 
 
 def test_more_processes_than_cores_and_busy_cores_slow_a_layout_down():
-    cal = Calibration({32: 100_000.0}, learner_rate=20_000.0, steps_per_update=2048, fragment_steps=2048,
-                      seconds=0.0, optimizer_steps_per_update=16, parameters=10_000, sync_latency_s=100e-6,
-                      sync_bytes_per_s=1e9)
+    cal = Calibration(
+        {32: 100_000.0},
+        learner_rate=20_000.0,
+        steps_per_update=2048,
+        fragment_steps=2048,
+        seconds=0.0,
+        optimizer_steps_per_update=16,
+        parameters=10_000,
+        sync_latency_s=100e-6,
+        sync_bytes_per_s=1e9,
+    )
 
     def rate(cal, learners, actors, cores, mode="allreduce"):
         return plan.shared_throughput(cal, 100_000.0, actors, actors, learners, learners, mode, cores)[0]
@@ -280,8 +326,9 @@ def test_the_cluster_what_if_with_one_gpu_learner_per_node():
     assert gpu.per_node.learners == 1 and gpu.group == 4
     assert gpu.env_steps_per_s > cpu.env_steps_per_s and gpu.per_node.idle_side == "learner"
     # under allreduce a lone GPU learner per node still pays every step's collective over the link
-    assert plan.predict_cluster(cal, cfg, 4, 40, 1.25e9, 50e-6, gpu_learner_rate=1e9).env_steps_per_s < \
-        gpu.env_steps_per_s
+    assert (
+        plan.predict_cluster(cal, cfg, 4, 40, 1.25e9, 50e-6, gpu_learner_rate=1e9).env_steps_per_s < gpu.env_steps_per_s
+    )
     slow = plan.predict_cluster(cal, cfg, 4, 40, 1.25e9, 50e-6, gpu_learner_rate=10_000.0)
     assert slow.env_steps_per_s <= 4 * 10_000 + 1e-6  # a slow GPU bounds each node
     table = plan.format_cluster(cal, [gpu], 1.25e9, 50e-6, "allreduce", gpu_learner_rate=1e9)
@@ -291,7 +338,9 @@ def test_the_cluster_what_if_with_one_gpu_learner_per_node():
 def test_two_learners_training_as_a_group_price_each_collective_message():
     # each step of the group takes 5 ms more than alone; less the bucket's 1 ms, over two messages
     assert calibration.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.0) == pytest.approx(0.002)
-    assert calibration.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.003) == 0.003  # never below the probe
+    assert (
+        calibration.message_latency(1_000.0, 2_000.0, 100.0, 10.0, 0.001, probed=0.003) == 0.003
+    )  # never below the probe
     layout = calibration.with_layout(config(), 1, 32, 2048)
     rate = calibration.measure_group_training(layout, updates_per_s=10.0, seconds=0.3)  # two forked learners, gloo
     assert rate > 0

@@ -86,8 +86,12 @@ def test_ppo_loss_matches_reference(normalize):
     rng = np.random.default_rng(1)
     n = 64
     arrays = {
-        "new_logp": rng.normal(-0.7, 0.3, n), "old_logp": rng.normal(-0.7, 0.3, n), "adv": rng.normal(size=n),
-        "new_v": rng.normal(size=n), "ret": rng.normal(size=n), "entropy": rng.random(n),
+        "new_logp": rng.normal(-0.7, 0.3, n),
+        "old_logp": rng.normal(-0.7, 0.3, n),
+        "adv": rng.normal(size=n),
+        "new_v": rng.normal(size=n),
+        "ret": rng.normal(size=n),
+        "entropy": rng.random(n),
     }
     cfg = PPOConfig(clip=0.2, value_coef=0.5, entropy_coef=0.01, normalize_advantages=normalize)
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}

@@ -18,7 +18,6 @@ from tianji.runtime.roles.loops import actor_main, learner_main
 from tianji.runtime.transport.links import Endpoints, LearnerLink
 from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
-from conftest import newest_set
 
 
 def bound(ctx, kind, endpoint):
@@ -47,8 +46,9 @@ def kind_is(kind):
 
 def quiet_driver_config(cfg, **balance):
     """No driver sends heartbeats in these tests: a long driver timeout keeps the role running."""
-    return cfg.model_copy(update={"supervision": SupervisionConfig(driver_timeout_s=600),
-                                  "balance": BalanceConfig(**balance)})
+    return cfg.model_copy(
+        update={"supervision": SupervisionConfig(driver_timeout_s=600), "balance": BalanceConfig(**balance)}
+    )
 
 
 @pytest.fixture
@@ -75,10 +75,14 @@ def stop_role(process, control):
 def ppo_fragment(cfg):
     T, k = cfg.topology.fragment_length, cfg.topology.envs_per_actor
     return {
-        "obs": np.zeros((T, k, 4), np.float32), "action": np.zeros((T, k), np.int64),
-        "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
-        "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
-        "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool),
+        "obs": np.zeros((T, k, 4), np.float32),
+        "action": np.zeros((T, k), np.int64),
+        "logp": np.full((T, k), -0.69, np.float32),
+        "value": np.zeros((T, k), np.float32),
+        "reward": np.ones((T, k), np.float32),
+        "terminated": np.zeros((T, k), bool),
+        "done": np.zeros((T, k), bool),
+        "valid": np.ones((T, k), bool),
         "bootstrap_value": np.zeros(k, np.float32),
         "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
     }
@@ -112,11 +116,39 @@ def test_learner_survives_malformed_messages_and_keeps_training(tiny_config, tmp
         # malformed: garbage bytes, unknown kind, a path outside the run, a slot that was not granted
         link.send(b"\x00\xffnot msgpack")
         link.send(pack_header({"kind": "surprise"}))
-        link.send(pack_header({"kind": "fragment", "shm": "/etc/passwd", "slot": 0, "slot_bytes": 64,
-                               "fields": [], "actor": 0, "seq": 0, "version": 0, "env_steps": 1, "epoch": 0}))
+        link.send(
+            pack_header(
+                {
+                    "kind": "fragment",
+                    "shm": "/etc/passwd",
+                    "slot": 0,
+                    "slot_bytes": 64,
+                    "fields": [],
+                    "actor": 0,
+                    "seq": 0,
+                    "version": 0,
+                    "env_steps": 1,
+                    "epoch": 0,
+                }
+            )
+        )
         assert next_credit()["slot"] == 0  # a rejected notice still gives its slot back
-        link.send(pack_header({"kind": "fragment", "shm": str(writer.path), "slot": 7, "slot_bytes": 64,
-                               "fields": [], "actor": 0, "seq": 0, "version": 0, "env_steps": 1, "epoch": 0}))
+        link.send(
+            pack_header(
+                {
+                    "kind": "fragment",
+                    "shm": str(writer.path),
+                    "slot": 7,
+                    "slot_bytes": 64,
+                    "fields": [],
+                    "actor": 0,
+                    "seq": 0,
+                    "version": 0,
+                    "env_steps": 1,
+                    "epoch": 0,
+                }
+            )
+        )
 
         # well-formed fragments train the learner; the slots come back once none in flight could be
         # overtaken past the bound (slot 0, granted at version 0, would be 2 behind after a new one)
@@ -230,16 +262,19 @@ class FakeLearner:
         identity, hello = self.router.recv_multipart()
         assert unpack_header(hello) == {"kind": "hello", "actor": 0, "slots": 2}
         self.identity = identity
-        self.router.send_multipart([identity, *encode({"kind": "weights", "version": version, "epoch": epoch},
-                                                       self.weights)])
+        self.router.send_multipart(
+            [identity, *encode({"kind": "weights", "version": version, "epoch": epoch}, self.weights)]
+        )
 
     def reply_weights(self, epoch, version):
-        self.router.send_multipart([self.identity, *encode({"kind": "weights", "version": version, "epoch": epoch},
-                                                            self.weights)])
+        self.router.send_multipart(
+            [self.identity, *encode({"kind": "weights", "version": version, "epoch": epoch}, self.weights)]
+        )
 
     def credit(self, slot, min_version=0, epoch=0):
-        self.router.send_multipart([self.identity, pack_header(
-            {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
+        self.router.send_multipart(
+            [self.identity, pack_header({"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})]
+        )
 
     def publish(self, version, epoch=0):
         self.publisher.send_multipart(encode({"kind": "weights", "version": version, "epoch": epoch}, self.weights))
@@ -323,8 +358,9 @@ def test_learner_trains_from_the_slot_and_frees_it_only_after_the_update(tiny_co
     the update that trains on it returns, so its actor cannot overwrite it meanwhile."""
     token, endpoints, ctx = wiring
     base = tiny_config()
-    cfg = quiet_driver_config(base.model_copy(update={"algo": base.algo.model_copy(update={"batch_fragments": 2})}),
-                              max_policy_lag=100)
+    cfg = quiet_driver_config(
+        base.model_copy(update={"algo": base.algo.model_copy(update={"batch_fragments": 2})}), max_policy_lag=100
+    )
     run = RunContext(cfg, tmp_path / "run", t0=0.0, resumed=False)
     events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
     process = start(learner_main, run, endpoints, token, os.getpid())

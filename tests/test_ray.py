@@ -13,13 +13,14 @@ import threading
 import time
 
 import pytest
-from conftest import wait_for, newest_set
 
 from tianji.config import load_config
 from tianji.runtime.launchers.ray import measure_link, node_resources
 from tianji.runtime.launchers.ray_boot import boot
 from tianji.tools import calibration, plan
 from tianji.tools.train import train
+
+from conftest import newest_set, wait_for
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -32,8 +33,15 @@ def two_nodes():
     from tianji.runtime.launchers.ray_boot import loopback_only
 
     loopback_only(ray)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},
-                                                            "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"head_node": 2},
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        },
+    )
     cluster.add_node(num_cpus=4, resources={"worker_node": 4}, node_ip_address="127.0.0.1")
     yield cluster
     if ray.is_initialized():
@@ -42,10 +50,18 @@ def two_nodes():
 
 
 def cluster_config(two_nodes, tmp_path, *overrides: str):
-    return load_config("cartpole-ppo", [
-        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-        f"ray.address={two_nodes.address}", "ray.learner_resources={head_node: 1}", "ray.actor_resources={worker_node: 1}",
-        *overrides])
+    return load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            f"ray.address={two_nodes.address}",
+            "ray.learner_resources={head_node: 1}",
+            "ray.actor_resources={worker_node: 1}",
+            *overrides,
+        ],
+    )
 
 
 def test_actors_on_the_worker_node_send_fragments_over_tcp_and_reach_the_target(two_nodes, tmp_path, caplog, capsys):
@@ -56,7 +72,9 @@ def test_actors_on_the_worker_node_send_fragments_over_tcp_and_reach_the_target(
     places = json.loads((run_dir / "placement.json").read_text())
     with capsys.disabled():  # in the CI log even when the test passes
         for name, place in places.items():
-            print(f"\n  two-node run: {name} ran on node {place['node'][:12]} ({place['ip']}), pid {place['pid']}", end="")
+            print(
+                f"\n  two-node run: {name} ran on node {place['node'][:12]} ({place['ip']}), pid {place['pid']}", end=""
+            )
     assert places["actor0"]["node"] == places["actor1"]["node"] != places["learner0"]["node"]
     assert all(place["ip"] == "127.0.0.1" for place in places.values())
     assert summary["fragments_over_network"] == summary["fragments_trained"] > 0  # no shared memory across nodes
@@ -91,8 +109,11 @@ def assert_group_measured_across_nodes(summary, capsys):
     costs = summary["measured_costs"]["learner1"]  # the group's collectives, measured across the nodes
     assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bytes_per_s"] > 0
     with capsys.disabled():
-        print(f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
-              f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s", end="")
+        print(
+            f"\n  two learners: all_reduce latency {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+            f"{costs['allreduce_bytes_per_s'] / 1e9:.2f} GB/s",
+            end="",
+        )
 
 
 def test_the_planner_measures_the_link_between_two_nodes_and_lays_out_the_cluster(two_nodes, capsys):
@@ -102,23 +123,42 @@ def test_the_planner_measures_the_link_between_two_nodes_and_lays_out_the_cluste
     costs = measure_link(ray, parameters=10_000)
     assert costs["allreduce_bucket_bytes"] == 40_000 and len(set(costs["nodes"])) == 2
     assert 0 < costs["allreduce_latency_s"] < 5 and 0 < costs["allreduce_bucket_s"] < 5
-    cal = calibration.Calibration({k: 2_000.0 * k for k in plan.ENV_CHOICES}, learner_rate=30_000.0, steps_per_update=2048,
-                           fragment_steps=512, seconds=0.0, optimizer_steps_per_update=16, parameters=10_000,
-                           sync_measured=True)
+    cal = calibration.Calibration(
+        {k: 2_000.0 * k for k in plan.ENV_CHOICES},
+        learner_rate=30_000.0,
+        steps_per_update=2048,
+        fragment_steps=512,
+        seconds=0.0,
+        optimizer_steps_per_update=16,
+        parameters=10_000,
+        sync_measured=True,
+    )
     link_bytes, link_latency = plan.link_from_probe(cal, costs)
     assert link_bytes == costs["allreduce_bytes_per_s"] and link_latency >= 0
-    layouts, total, why = plan.plan_cluster(cal, load_config("cartpole-ppo", []), node_resources(ray), link_bytes,
-                                            link_latency)
+    layouts, total, why = plan.plan_cluster(
+        cal, load_config("cartpole-ppo", []), node_resources(ray), link_bytes, link_latency
+    )
     assert len(layouts) == 2 and "across the link" in why and total > 0
     with capsys.disabled():
-        print(f"\n  link between the nodes: all_reduce {costs['allreduce_latency_s'] * 1e6:.0f} us, "
-              f"{costs['allreduce_bytes_per_s'] / 1e6:.0f} MB/s; {why}", end="")
+        print(
+            f"\n  link between the nodes: all_reduce {costs['allreduce_latency_s'] * 1e6:.0f} us, "
+            f"{costs['allreduce_bytes_per_s'] / 1e6:.0f} MB/s; {why}",
+            end="",
+        )
 
 
 def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_path, capsys):
-    cfg = load_config("cartpole-ppo", [
-        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2"])
+    cfg = load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            f"ray.address={two_nodes.address}",
+            "ray.strategy=SPREAD",
+            "topology.learners=2",
+        ],
+    )
     run_dir, summary = train(cfg, "ray")
     assert summary["target_reached"], summary
     places = json.loads((run_dir / "placement.json").read_text())
@@ -133,14 +173,28 @@ def test_two_learners_on_two_nodes_form_their_group_across_nodes(two_nodes, tmp_
 
 def workload(two_nodes, tmp_path, preset: str, *overrides: str):
     """A few-second run of `preset` with its actors forced onto the worker node, its learner on the head."""
-    return load_config(preset, [
-        f"logging.run_root={tmp_path}", "logging.console=false", f"ray.address={two_nodes.address}",
-        "ray.learner_resources={head_node: 1}", "ray.actor_resources={worker_node: 1}", *overrides])
+    return load_config(
+        preset,
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            f"ray.address={two_nodes.address}",
+            "ray.learner_resources={head_node: 1}",
+            "ray.actor_resources={worker_node: 1}",
+            *overrides,
+        ],
+    )
 
 
 def test_atari_fragments_cross_nodes_as_uint8_frames(two_nodes, tmp_path):
-    cfg = workload(two_nodes, tmp_path, "pong-ppo", "stop.target_return=null", "stop.max_env_steps=8192",
-                   "topology.envs_per_actor=8")
+    cfg = workload(
+        two_nodes,
+        tmp_path,
+        "pong-ppo",
+        "stop.target_return=null",
+        "stop.max_env_steps=8192",
+        "topology.envs_per_actor=8",
+    )
     run_dir, summary = train(cfg, "ray")
     assert summary["fragments_over_network"] == summary["fragments_trained"] >= 8, summary
     places = json.loads((run_dir / "placement.json").read_text())
@@ -160,12 +214,28 @@ def test_smax_qmix_runs_under_ray_with_the_compile_cache(two_nodes, tmp_path):
     a fresh interpreter (as every SMAX test); the compiled steps land in the cache directory handed to
     the roles through ray.runtime_env."""
     cache = tmp_path / "cache"
-    command = [sys.executable, "-m", "tianji.cli", "train", "smax-3m-qmix", "--launcher", "ray",
-               "--run-dir", str(tmp_path / "run")]
-    for override in [f"ray.address={two_nodes.address}", "ray.learner_resources={head_node: 1}",
-                     "ray.actor_resources={worker_node: 1}", "stop.target_return=null", "stop.max_env_steps=6000",
-                     "eval.interval_s=1", "eval.episodes=4", "logging.console=false",
-                     f"ray.runtime_env={{env_vars: {{TIANJI_CACHE_DIR: {cache}}}}}"]:
+    command = [
+        sys.executable,
+        "-m",
+        "tianji.cli",
+        "train",
+        "smax-3m-qmix",
+        "--launcher",
+        "ray",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    for override in [
+        f"ray.address={two_nodes.address}",
+        "ray.learner_resources={head_node: 1}",
+        "ray.actor_resources={worker_node: 1}",
+        "stop.target_return=null",
+        "stop.max_env_steps=6000",
+        "eval.interval_s=1",
+        "eval.episodes=4",
+        "logging.console=false",
+        f"ray.runtime_env={{env_vars: {{TIANJI_CACHE_DIR: {cache}}}}}",
+    ]:
         command += ["--set", override]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -178,12 +248,38 @@ def test_a_sweep_runs_its_trials_on_the_cluster_each_kept_on_one_node(two_nodes,
     """`tianji sweep --launcher ray --parallel 2`: two trials at once, each an ordinary run whose roles
     Ray packs onto one node (STRICT_PACK)."""
     sweep_dir = tmp_path / "sweep"
-    done = subprocess.run([sys.executable, "-m", "tianji", "sweep", "cartpole-ppo", "--trials", "2", "--parallel", "2",
-                           "--launcher", "ray", "--address", two_nodes.address, "--param",
-                           "algo.lr=loguniform:7e-4:1.5e-3", "--trial-seconds", "120", "--pruner", "none",
-                           "--sweep-dir", str(sweep_dir), "--set", "logging.tensorboard=false",
-                           "--set", "stop.target_return=200"],  # a short target: this is about placement
-                          capture_output=True, text=True, timeout=400)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tianji",
+            "sweep",
+            "cartpole-ppo",
+            "--trials",
+            "2",
+            "--parallel",
+            "2",
+            "--launcher",
+            "ray",
+            "--address",
+            two_nodes.address,
+            "--param",
+            "algo.lr=loguniform:7e-4:1.5e-3",
+            "--trial-seconds",
+            "120",
+            "--pruner",
+            "none",
+            "--sweep-dir",
+            str(sweep_dir),
+            "--set",
+            "logging.tensorboard=false",
+            "--set",
+            "stop.target_return=200",
+        ],  # a short target: this is about placement
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = (sweep_dir / "sweep.csv").read_text().splitlines()[1:]
     assert len(rows) == 2 and all(row.split(",")[1] == "COMPLETE" for row in rows), rows
@@ -195,9 +291,18 @@ def test_a_sweep_runs_its_trials_on_the_cluster_each_kept_on_one_node(two_nodes,
 
 
 def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_path, capsys):
-    cfg = load_config("cartpole-dqn", [
-        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-        f"ray.address={two_nodes.address}", "ray.strategy=SPREAD", "topology.learners=2", "topology.actors=2"])
+    cfg = load_config(
+        "cartpole-dqn",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            f"ray.address={two_nodes.address}",
+            "ray.strategy=SPREAD",
+            "topology.learners=2",
+            "topology.actors=2",
+        ],
+    )
     run_dir, summary = train(cfg, "ray")
     assert summary["target_reached"], summary
     places = json.loads((run_dir / "placement.json").read_text())
@@ -212,8 +317,15 @@ def test_a_local_ray_instance_runs_the_same_config(tmp_path):
     instance has shut down, Ray cannot create actors on another cluster from the same process.)"""
     if ray.is_initialized():
         ray.shutdown()
-    cfg = load_config("cartpole-ppo", [f"logging.run_root={tmp_path}", "logging.console=false",
-                                       "stop.target_return=null", "stop.max_env_steps=20000"])
+    cfg = load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.target_return=null",
+            "stop.max_env_steps=20000",
+        ],
+    )
     run_dir, summary = train(cfg, "ray")
     assert summary["env_steps"] >= 20000 and summary["fragments_over_network"] == 0
     assert not ray.is_initialized()

@@ -10,10 +10,11 @@ import threading
 import time
 
 import pytest
-from conftest import wait_for, newest_set, has_set
 
 from tianji.config import load_config
 from tianji.tools.train import train
+
+from conftest import has_set, newest_set, wait_for
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -27,8 +28,15 @@ def make_cluster(spare: str):
     from tianji.runtime.launchers.ray_boot import loopback_only
 
     loopback_only(ray)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 2},
-                                                            "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"head_node": 2},
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        },
+    )
     for _ in range(2):
         cluster.add_node(num_cpus=2, resources={spare: 2}, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
@@ -65,9 +73,17 @@ def remove_node_of(cluster, run_dir, role: str, removed: dict) -> None:
 
 def run_losing(cluster, tmp_path, role: str, *overrides: str) -> tuple[dict, dict, dict]:
     run_dir = tmp_path / "run"
-    cfg = load_config("cartpole-ppo", [
-        f"logging.run_root={tmp_path}", "logging.console=false", "stop.max_wall_time_s=240",
-        "checkpoint.interval_s=1", f"ray.address={cluster.address}", *overrides])
+    cfg = load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.max_wall_time_s=240",
+            "checkpoint.interval_s=1",
+            f"ray.address={cluster.address}",
+            *overrides,
+        ],
+    )
     removed: dict = {}
     remover = threading.Thread(target=remove_node_of, args=(cluster, run_dir, role, removed))
     remover.start()
@@ -78,16 +94,26 @@ def run_losing(cluster, tmp_path, role: str, *overrides: str) -> tuple[dict, dic
 
 
 def test_losing_the_actors_node_restarts_them_on_another_and_the_run_reaches_its_target(cluster_for, tmp_path):
-    summary, removed, places = run_losing(cluster_for("actor_node"), tmp_path, "actor0",
-                                          "ray.actor_resources={actor_node: 1}", "ray.learner_resources={head_node: 1}")
+    summary, removed, places = run_losing(
+        cluster_for("actor_node"),
+        tmp_path,
+        "actor0",
+        "ray.actor_resources={actor_node: 1}",
+        "ray.learner_resources={head_node: 1}",
+    )
     assert summary["target_reached"], summary
     assert summary["role_restarts"] >= 1 and summary["learner_restarts"] == 0
     assert places["actor0"]["node"] != removed["node"]
 
 
 def test_losing_the_learners_node_restarts_it_from_the_checkpoint_and_the_run_reaches_its_target(cluster_for, tmp_path):
-    summary, removed, places = run_losing(cluster_for("learner_node"), tmp_path, "learner0",
-                                          "ray.learner_resources={learner_node: 1}", "ray.actor_resources={head_node: 1}")
+    summary, removed, places = run_losing(
+        cluster_for("learner_node"),
+        tmp_path,
+        "learner0",
+        "ray.learner_resources={learner_node: 1}",
+        "ray.actor_resources={head_node: 1}",
+    )
     assert summary["target_reached"], summary
     assert summary["learner_restarts"] >= 1
     assert places["learner0"]["node"] != removed["node"]

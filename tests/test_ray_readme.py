@@ -35,8 +35,9 @@ def fresh_environment(home: Path) -> dict[str, str]:
 def machine_address(env: dict[str, str]) -> str:
     """The address `ray start --head` picks for this machine, asked in a fresh process."""
     probe = "import ray; print(ray.util.get_node_ip_address())"
-    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                          timeout=60, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
 
 
 def test_the_readme_cluster_block_runs_as_written(tmp_path):
@@ -49,10 +50,12 @@ def test_the_readme_cluster_block_runs_as_written(tmp_path):
     assert any(line.startswith("ray start --head") for line in lines)
     script = "set -euo pipefail\n" + "\n".join(lines).replace("HEAD_IP", address)
     try:
-        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
-        nodes = subprocess.run([sys.executable, "-c", COUNT_NODES], env=env, capture_output=True, text=True,
-                               timeout=120).stdout.strip()
+        done = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        nodes = subprocess.run(
+            [sys.executable, "-c", COUNT_NODES], env=env, capture_output=True, text=True, timeout=120
+        ).stdout.strip()
     finally:
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
     output = done.stdout + done.stderr

@@ -36,14 +36,21 @@ def tcp_learner(run, endpoints, token):
 def fragment_frames(cfg, slot):
     T, k = cfg.topology.fragment_length, cfg.topology.envs_per_actor
     arrays = {
-        "obs": np.zeros((T, k, 4), np.float32), "action": np.zeros((T, k), np.int64),
-        "logp": np.full((T, k), -0.69, np.float32), "value": np.zeros((T, k), np.float32),
-        "reward": np.ones((T, k), np.float32), "terminated": np.zeros((T, k), bool),
-        "done": np.zeros((T, k), bool), "valid": np.ones((T, k), bool), "bootstrap_value": np.zeros(k, np.float32),
+        "obs": np.zeros((T, k, 4), np.float32),
+        "action": np.zeros((T, k), np.int64),
+        "logp": np.full((T, k), -0.69, np.float32),
+        "value": np.zeros((T, k), np.float32),
+        "reward": np.ones((T, k), np.float32),
+        "terminated": np.zeros((T, k), bool),
+        "done": np.zeros((T, k), bool),
+        "valid": np.ones((T, k), bool),
+        "bootstrap_value": np.zeros(k, np.float32),
         "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
     }
-    return encode({"kind": "fragment", "slot": slot, "actor": 0, "seq": slot, "version": 0, "env_steps": T * k,
-                   "epoch": 0}, arrays)
+    return encode(
+        {"kind": "fragment", "slot": slot, "actor": 0, "seq": slot, "version": 0, "env_steps": T * k, "epoch": 0},
+        arrays,
+    )
 
 
 @pytest.fixture
@@ -81,8 +88,10 @@ def intruder(ctx, endpoint, server_public: str | None):
 
 def test_peers_without_the_run_key_are_refused_and_nothing_they_send_is_trained(secured_learner):
     cfg, endpoints, ctx, events = secured_learner
-    intruders = [intruder(ctx, endpoints.fragments, endpoints.keys.server_public),
-                 intruder(ctx, endpoints.fragments, None)]
+    intruders = [
+        intruder(ctx, endpoints.fragments, endpoints.keys.server_public),
+        intruder(ctx, endpoints.fragments, None),
+    ]
     for sock in intruders:  # well-formed messages: hello, then fragments for every slot
         sock.send(pack_header({"kind": "hello", "actor": 0, "slots": 2}))
         for slot in range(2):
@@ -93,8 +102,10 @@ def test_peers_without_the_run_key_are_refused_and_nothing_they_send_is_trained(
         if events.poll(200):
             event = unpack_header(events.recv_multipart()[0])
             if event["kind"] == "learner":
-                totals = {k: max(totals[k], event.get(k, 0)) if k == "refused_peers" else totals[k] + event.get(k, 0)
-                          for k in totals}
+                totals = {
+                    k: max(totals[k], event.get(k, 0)) if k == "refused_peers" else totals[k] + event.get(k, 0)
+                    for k in totals
+                }
     assert not any(sock.poll(0) for sock in intruders), "an intruder got an answer"
     assert totals["refused_peers"] >= 1 and totals["updates"] == 0 and totals["fragments_consumed"] == 0
 

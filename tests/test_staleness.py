@@ -35,9 +35,14 @@ def fragment(policy: PPOPolicy, rng: np.random.Generator, proximal: bool = True)
     done = np.zeros((T, K), bool)
     done[7::8] = True
     last_obs = rng.normal(size=(K, 8)).astype(np.float32)
-    arrays = {"obs": obs, "reward": (action.reshape(T, K) == best).astype(np.float32), "done": done,
-              "terminated": done.copy(), "valid": np.ones((T, K), bool),
-              **{key: value.reshape(T, K) for key, value in record.items()}}
+    arrays = {
+        "obs": obs,
+        "reward": (action.reshape(T, K) == best).astype(np.float32),
+        "done": done,
+        "terminated": done.copy(),
+        "valid": np.ones((T, K), bool),
+        **{key: value.reshape(T, K) for key, value in record.items()},
+    }
     return {**arrays, **policy.finish_fragment(arrays, last_obs)}
 
 
@@ -72,7 +77,7 @@ def first_step_gradients(lag: int) -> dict[str, float]:
     learner, behaviour, rng = lagged_learner(lag)
     learner.add(fragment(behaviour, rng))
     samples, stats = learner._samples()
-    params = [p for p in learner.net.pi.parameters()]
+    params = list(learner.net.pi.parameters())
     logp, entropy, value = learner.net.evaluate(samples["obs"], samples["action"])
     cfg = learner.cfg.model_copy(update={"value_coef": 0.0})
     adv = samples["adv"]
@@ -82,9 +87,12 @@ def first_step_gradients(lag: int) -> dict[str, float]:
     weights = proximal_weights(samples["prox_logp"], samples["logp"], cfg.rho_bar)
     proximal_clip, _ = ppo_loss(logp, samples["prox_logp"], adv, value, samples["ret"], entropy, cfg, weights=weights)
     outside = ((samples["prox_logp"] - samples["logp"]).exp() - 1).abs() > cfg.clip
-    return {"behaviour": cosine(flat_grad(behaviour_clip, params), weighted),
-            "proximal": cosine(flat_grad(proximal_clip, params), weighted),
-            "outside": float(outside.float().mean()), "kl": stats["behaviour_kl"]}
+    return {
+        "behaviour": cosine(flat_grad(behaviour_clip, params), weighted),
+        "proximal": cosine(flat_grad(proximal_clip, params), weighted),
+        "outside": float(outside.float().mean()),
+        "kl": stats["behaviour_kl"],
+    }
 
 
 def test_a_batch_four_versions_old_keeps_the_importance_weighted_direction():
@@ -122,8 +130,9 @@ def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
     real = ppo_loss
 
     def spy(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values=None, weights=None):
-        calls.append({"old_logp": old_logp.detach().clone(),
-                      "weights": None if weights is None else weights.detach().clone()})
+        calls.append(
+            {"old_logp": old_logp.detach().clone(), "weights": None if weights is None else weights.detach().clone()}
+        )
         return real(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values, weights)
 
     monkeypatch.setattr(module, "ppo_loss", spy)
@@ -137,8 +146,9 @@ def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(m
     batch = fragment(behaviour, rng)
     batch["logp"] = batch["logp"] - 0.05 * rng.random((T, K)).astype(np.float32)  # a behaviour policy of its own
     with torch.no_grad():  # the learner's policy before the update: the proximal one
-        prox, _, _ = learner.net.evaluate(torch.from_numpy(batch["obs"].reshape(T * K, 8)),
-                                          torch.from_numpy(batch["action"].reshape(-1)))
+        prox, _, _ = learner.net.evaluate(
+            torch.from_numpy(batch["obs"].reshape(T * K, 8)), torch.from_numpy(batch["action"].reshape(-1))
+        )
     calls = spy_on_ppo_loss(monkeypatch, ppo_module)
     learner.add(batch)
     learner.update()
@@ -153,23 +163,36 @@ def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(m
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(behaviour_logp), rtol=1e-6)
 
 
-TEAM_OBS = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3, 5), np.float32),
-                            "state": gym.spaces.Box(-1, 1, (7,), np.float32),
-                            "avail_actions": gym.spaces.Box(0, 1, (3, 4), np.int8)})
+TEAM_OBS = gym.spaces.Dict(
+    {
+        "obs": gym.spaces.Box(-1, 1, (3, 5), np.float32),
+        "state": gym.spaces.Box(-1, 1, (7,), np.float32),
+        "avail_actions": gym.spaces.Box(0, 1, (3, 4), np.int8),
+    }
+)
 TEAM_ACTIONS = gym.spaces.MultiDiscrete([4] * 3)
 
 
 def team_fragment(policy: MAPPOPolicy, rng: np.random.Generator, T: int = 6, k: int = 4) -> dict[str, np.ndarray]:
     rows = {"obs": [], "state": [], "avail_actions": [], "first": [], "action": [], "logp": [], "value": []}
     for t in range(T):
-        obs = {"obs": rng.normal(size=(k, 3, 5)).astype(np.float32), "state": rng.normal(size=(k, 7)).astype(np.float32),
-               "avail_actions": np.ones((k, 3, 4), np.int8), "first": np.full((k, 1), t == 0)}
+        obs = {
+            "obs": rng.normal(size=(k, 3, 5)).astype(np.float32),
+            "state": rng.normal(size=(k, 7)).astype(np.float32),
+            "avail_actions": np.ones((k, 3, 4), np.int8),
+            "first": np.full((k, 1), t == 0),
+        }
         _, record = policy.act(obs)
         for key, value in {**obs, **record}.items():
             rows[key].append(value)
     arrays = {key: np.stack(value) for key, value in rows.items()}
-    arrays.update(reward=rng.normal(size=(T, k)).astype(np.float32), done=np.zeros((T, k), bool),
-                  terminated=np.zeros((T, k), bool), valid=np.ones((T, k), bool), active=np.ones((T, k, 3), np.float32))
+    arrays.update(
+        reward=rng.normal(size=(T, k)).astype(np.float32),
+        done=np.zeros((T, k), bool),
+        terminated=np.zeros((T, k), bool),
+        valid=np.ones((T, k), bool),
+        active=np.ones((T, k, 3), np.float32),
+    )
     last = {"obs": rng.normal(size=(k, 3, 5)).astype(np.float32), "state": rng.normal(size=(k, 7)).astype(np.float32)}
     return {**arrays, **policy.finish_fragment(arrays, last)}
 
@@ -196,9 +219,13 @@ def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss
         if recurrent:
             logits = learner_logits_recurrent(fresh, batch)
         else:
-            logits, _ = fresh.net.logits(torch.from_numpy(batch["obs"].reshape(-1, 3, 5)),
-                                         torch.from_numpy(batch["avail_actions"].reshape(-1, 3, 4)))
-    expected_prox = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(batch["action"].reshape(-1, 3, 1))).squeeze(-1)
+            logits, _ = fresh.net.logits(
+                torch.from_numpy(batch["obs"].reshape(-1, 3, 5)),
+                torch.from_numpy(batch["avail_actions"].reshape(-1, 3, 4)),
+            )
+    expected_prox = (
+        torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(batch["action"].reshape(-1, 3, 1))).squeeze(-1)
+    )
     expected = np.minimum(np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1)), cfg.rho_bar)
     np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(expected), rtol=1e-4, atol=1e-6)
 
@@ -209,7 +236,8 @@ def learner_logits_recurrent(policy: MAPPOPolicy, batch: dict[str, np.ndarray]) 
     out = []
     for t in range(batch["obs"].shape[0]):
         obs = {key: batch[key][t] for key in ("obs", "state", "avail_actions", "first")}
-        logits, policy.h = policy.net.logits(torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]),
-                                             policy._memory(obs))
+        logits, policy.h = policy.net.logits(
+            torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]), policy._memory(obs)
+        )
         out.append(logits)
     return torch.cat(out)

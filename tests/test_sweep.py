@@ -33,34 +33,42 @@ def test_every_distribution_parses_from_the_command_line_and_from_yaml():
     lr = parse_param("algo.lr=loguniform:1e-4:3e-3")
     assert (lr.kind, lr.low, lr.high) == ("loguniform", 1e-4, 3e-3)
     assert lr.distribution() == optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)
-    assert parse_param("algo.clip=uniform:0.1:0.3:0.05").distribution() == \
-        optuna.distributions.FloatDistribution(0.1, 0.3, step=0.05)
+    assert parse_param("algo.clip=uniform:0.1:0.3:0.05").distribution() == optuna.distributions.FloatDistribution(
+        0.1, 0.3, step=0.05
+    )
     assert parse_param("algo.epochs=int:2:8").distribution() == optuna.distributions.IntDistribution(2, 8)
-    assert parse_param("topology.envs_per_actor=int:8:64:log").distribution() == \
-        optuna.distributions.IntDistribution(8, 64, log=True)
+    assert parse_param("topology.envs_per_actor=int:8:64:log").distribution() == optuna.distributions.IntDistribution(
+        8, 64, log=True
+    )
     assert parse_param("algo.minibatches=categorical:2,4,8").choices == (2, 4, 8)
     hidden = parse_param("algo.hidden=categorical:[[64, 64], [128, 128]]")
     assert hidden.choices == ([64, 64], [128, 128])
     assert hidden.value(hidden.distribution().choices[1]) == [128, 128]  # JSON text in Optuna, a list in the config
-    from_yaml = parse_space(yaml.safe_load("""
+    from_yaml = parse_space(
+        yaml.safe_load("""
         algo.lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}
         algo.epochs: {type: int, low: 2, high: 8, step: 2}
         algo.minibatches: "categorical:2,4"
-    """), "test")
+    """),
+        "test",
+    )
     assert [p.kind for p in from_yaml] == ["loguniform", "int", "categorical"]
     assert from_yaml[1].distribution() == optuna.distributions.IntDistribution(2, 8, step=2)
     assert [parse_space({p.key: p.to_dict()}, "again")[0] for p in from_yaml] == from_yaml  # sweep.json round trip
 
 
-@pytest.mark.parametrize("text, message", [
-    ("algo.lr", "expected KEY.PATH=KIND:ARGS"),
-    ("algo.lr=gaussian:0:1", "expected loguniform|uniform|int|categorical"),
-    ("algo.lr=loguniform:0:1", "loguniform needs low > 0"),
-    ("algo.lr=uniform:0.3:0.1", "low must be below high"),
-    ("algo.epochs=int:2.5:8", "int needs whole numbers"),
-    ("algo.lr=uniform:a:1", "low must be a number"),
-    ("algo.lr=loguniform:1e-4:1e-2:1e-4", "loguniform cannot have a step"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("algo.lr", "expected KEY.PATH=KIND:ARGS"),
+        ("algo.lr=gaussian:0:1", "expected loguniform|uniform|int|categorical"),
+        ("algo.lr=loguniform:0:1", "loguniform needs low > 0"),
+        ("algo.lr=uniform:0.3:0.1", "low must be below high"),
+        ("algo.epochs=int:2.5:8", "int needs whole numbers"),
+        ("algo.lr=uniform:a:1", "low must be a number"),
+        ("algo.lr=loguniform:1e-4:1e-2:1e-4", "loguniform cannot have a step"),
+    ],
+)
 def test_bad_parameters_name_the_field_and_what_was_expected(text, message):
     with pytest.raises(ConfigError, match=message) as info:
         parse_param(text)
@@ -146,21 +154,51 @@ def test_each_parallel_trial_gets_its_own_cores():
 
 
 def test_a_ray_trial_keeps_its_roles_on_one_node(tmp_path):
-    settings = SweepSettings(config="cartpole-ppo", space={"algo.lr": "loguniform:1e-4:1e-3"}, trials=1,
-                             overrides=["stop.max_wall_time_s=30"], launcher="ray", address="10.0.0.1:6379",
-                             parallel=4)
+    settings = SweepSettings(
+        config="cartpole-ppo",
+        space={"algo.lr": "loguniform:1e-4:1e-3"},
+        trials=1,
+        overrides=["stop.max_wall_time_s=30"],
+        launcher="ray",
+        address="10.0.0.1:6379",
+        parallel=4,
+    )
     create_sweep(settings, tmp_path / "sw")
     saved = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert "ray.strategy=STRICT_PACK" in saved["trial_overrides"] and saved["cores_per_trial"] == []
-    command = train_command(tmp_path / "sw" / "base.yaml", tmp_path / "sw" / "trials" / "0000",
-                            saved["trial_overrides"] + [override("algo.lr", 3e-4)], "ray", "10.0.0.1:6379")
-    assert command[1:] == ["-m", "tianji", "train", str(tmp_path / "sw" / "base.yaml"), "--run-dir",
-                           str(tmp_path / "sw" / "trials" / "0000"), "--launcher", "ray", "--address", "10.0.0.1:6379",
-                           "--set", "logging.console=false", "--set", "ray.strategy=STRICT_PACK",
-                           "--set", "algo.lr=0.0003"]
-    load_config(str(tmp_path / "sw" / "base.yaml"), [c for c in command[-5::2]])  # every --set is a valid field
-    own = SweepSettings(config="cartpole-ppo", space={"algo.lr": "loguniform:1e-4:1e-3"}, trials=1, launcher="ray",
-                        overrides=["stop.max_wall_time_s=30", "ray.strategy=SPREAD"])
+    command = train_command(
+        tmp_path / "sw" / "base.yaml",
+        tmp_path / "sw" / "trials" / "0000",
+        saved["trial_overrides"] + [override("algo.lr", 3e-4)],
+        "ray",
+        "10.0.0.1:6379",
+    )
+    assert command[1:] == [
+        "-m",
+        "tianji",
+        "train",
+        str(tmp_path / "sw" / "base.yaml"),
+        "--run-dir",
+        str(tmp_path / "sw" / "trials" / "0000"),
+        "--launcher",
+        "ray",
+        "--address",
+        "10.0.0.1:6379",
+        "--set",
+        "logging.console=false",
+        "--set",
+        "ray.strategy=STRICT_PACK",
+        "--set",
+        "algo.lr=0.0003",
+    ]
+    load_config(str(tmp_path / "sw" / "base.yaml"), list(command[-5::2]))  # every --set is a valid field
+    own = SweepSettings(
+        config="cartpole-ppo",
+        space={"algo.lr": "loguniform:1e-4:1e-3"},
+        trials=1,
+        launcher="ray",
+        overrides=["stop.max_wall_time_s=30", "ray.strategy=SPREAD"],
+    )
     create_sweep(own, tmp_path / "own")
     assert "ray.strategy=STRICT_PACK" not in own.trial_overrides  # the trial asked otherwise
 
@@ -220,8 +258,16 @@ def fake_factory(tmp_path: Path, behaviour, budget: int = 40):
 
 def new_sweep(tmp_path: Path, trials: int, **settings) -> Path:
     settings = {"report_every": "2s", "grace_s": 2.0, "silent_s": 60.0, "seed": 0, **settings}
-    return create_sweep(SweepSettings(config="cartpole-ppo", space={"algo.lr": "loguniform:1e-4:1e-3"}, trials=trials,
-                                      overrides=["stop.max_wall_time_s=40"], **settings), tmp_path / "sweep")
+    return create_sweep(
+        SweepSettings(
+            config="cartpole-ppo",
+            space={"algo.lr": "loguniform:1e-4:1e-3"},
+            trials=trials,
+            overrides=["stop.max_wall_time_s=40"],
+            **settings,
+        ),
+        tmp_path / "sweep",
+    )
 
 
 def states(sweep: Sweep) -> dict[int, str]:
@@ -302,10 +348,31 @@ def test_a_trial_left_running_by_a_crashed_sweep_is_failed_and_run_again(tmp_pat
 def test_sweep_of_cartpole_ppo_end_to_end(tmp_path):
     """Two real trials of `tianji train cartpole-ppo` (each reaches 475 in a few seconds), through the CLI."""
     sweep_dir = tmp_path / "sw"
-    out = subprocess.run([sys.executable, "-m", "tianji", "sweep", "cartpole-ppo", "--trials", "2",
-                          "--param", "algo.lr=loguniform:7e-4:1.5e-3", "--param", "algo.epochs=int:3:4",
-                          "--trial-seconds", "40", "--sweep-dir", str(sweep_dir), "--set", "logging.tensorboard=false"],
-                         capture_output=True, text=True, timeout=170, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tianji",
+            "sweep",
+            "cartpole-ppo",
+            "--trials",
+            "2",
+            "--param",
+            "algo.lr=loguniform:7e-4:1.5e-3",
+            "--param",
+            "algo.epochs=int:3:4",
+            "--trial-seconds",
+            "40",
+            "--sweep-dir",
+            str(sweep_dir),
+            "--set",
+            "logging.tensorboard=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sweep trials, best first" in out.stdout and "best config:" in out.stdout
     for name in ("sweep.csv", "best.yaml", "history.png", "importance.png", "study.journal", "base.yaml"):
@@ -321,8 +388,11 @@ def test_sweep_of_cartpole_ppo_end_to_end(tmp_path):
 
 
 def test_settings_that_would_stop_every_trial_are_refused(tmp_path):
-    for bad, message in (({"max_minutes": 0}, "--max-minutes"), ({"silent_s": 0}, "--silent-s"),
-                         ({"grace_s": -1}, "--grace-s")):
+    for bad, message in (
+        ({"max_minutes": 0}, "--max-minutes"),
+        ({"silent_s": 0}, "--silent-s"),
+        ({"grace_s": -1}, "--grace-s"),
+    ):
         with pytest.raises(ConfigError, match=message):
             new_sweep(tmp_path / str(len(message)), trials=1, **bad)
 

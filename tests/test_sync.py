@@ -84,12 +84,12 @@ def test_allreduce_learners_match_one_learner_on_the_union_batch():
     ranks = run_ranks(body, free_port())
     union = model()
     optimizer = Adam(union.parameters(), lr=1e-2)
-    x, y = (torch.cat(parts) for parts in zip(batch(0), batch(1)))
+    x, y = (torch.cat(parts) for parts in zip(batch(0), batch(1), strict=True))
     for _ in range(STEPS):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(union(x), y).backward()
         optimizer.step()
-    for a, b, ref in zip(ranks[0], ranks[1], params_of(union)):
+    for a, b, ref in zip(ranks[0], ranks[1], params_of(union), strict=True):
         assert np.array_equal(a, b), "every learner applies the same averaged gradient: identical weights"
         np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-6)
 
@@ -99,8 +99,10 @@ def test_parameter_average_after_k_updates_is_the_mean_and_keeps_later_progress(
 
     def body(rank):
         net = model()
-        optimizer, sync = torch.optim.SGD(net.parameters(), lr=0.05), ParameterAverage(2, every=k,
-                                                                                        average_optimizer=False)
+        optimizer, sync = (
+            torch.optim.SGD(net.parameters(), lr=0.05),
+            ParameterAverage(2, every=k, average_optimizer=False),
+        )
         x, y = batch(rank)
         for _ in range(k):
             optimizer.zero_grad()
@@ -114,7 +116,7 @@ def test_parameter_average_after_k_updates_is_the_mean_and_keeps_later_progress(
         return before, params_of(net)
 
     (before0, after0), (before1, after1) = run_ranks(body, free_port())
-    for b0, b1, a0, a1 in zip(before0, before1, after0, after1):
+    for b0, b1, a0, a1 in zip(before0, before1, after0, after1, strict=True):
         np.testing.assert_allclose(a0, (b0 + b1) / 2, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(a0, a1, rtol=1e-6, atol=1e-7)
 
@@ -176,7 +178,7 @@ def test_group_comes_up_and_down_and_a_dead_peer_fails_the_collective_within_the
         return params_of(net)
 
     first, second = run_ranks(broadcast, port)
-    assert all(np.array_equal(a, b) for a, b in zip(first, second)) and np.abs(first[0]).sum() > 0
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True)) and np.abs(first[0]).sum() > 0
 
     def dies(rank):
         if rank == 1:

@@ -40,8 +40,15 @@ def fragment(seed=0, T=7, k=3):
     done[2, 0] = term[2, 0] = True  # env 0: an episode terminates at row 2 (row 3 is the reset row)
     done[4, 1] = True  # env 1: an episode is truncated (time limit) at row 4: bootstrap from row 5's value
     done[6, 2] = term[6, 2] = True  # env 2: terminates on the fragment's last row
-    return dict(mu=rng.normal(-1, 0.3, (T, k)), pi=rng.normal(-1, 0.3, (T, k)), r=rng.normal(0, 1, (T, k)),
-                v=rng.normal(0, 1, (T, k)), v_boot=rng.normal(0, 1, k), done=done, term=term)
+    return {
+        "mu": rng.normal(-1, 0.3, (T, k)),
+        "pi": rng.normal(-1, 0.3, (T, k)),
+        "r": rng.normal(0, 1, (T, k)),
+        "v": rng.normal(0, 1, (T, k)),
+        "v_boot": rng.normal(0, 1, k),
+        "done": done,
+        "term": term,
+    }
 
 
 def run(f, **kw):
@@ -53,7 +60,10 @@ def run(f, **kw):
 def test_vtrace_matches_the_reference_sum_with_terminated_and_truncated_episodes():
     for seed in range(3):
         f = fragment(seed)
-        for kw in (dict(gamma=0.99, lam=1.0, rho_bar=1.0, c_bar=1.0), dict(gamma=0.9, lam=0.95, rho_bar=0.8, c_bar=0.5)):
+        for kw in (
+            {"gamma": 0.99, "lam": 1.0, "rho_bar": 1.0, "c_bar": 1.0},
+            {"gamma": 0.9, "lam": 0.95, "rho_bar": 0.8, "c_bar": 0.5},
+        ):
             vs, adv = run(f, **kw)
             ref_vs, ref_adv = reference(*f.values(), **kw)
             np.testing.assert_allclose(vs, ref_vs, rtol=1e-10, atol=1e-10)
@@ -88,8 +98,14 @@ def _policy_gradient(advantages: torch.Tensor, advantage_norm: str) -> torch.Ten
     logits = torch.zeros(len(advantages), 3, requires_grad=True)
     logp = torch.log_softmax(logits, -1)[:, 0]
     zeros = torch.zeros(len(advantages))
-    loss, _ = impala_loss(logp, advantages, zeros, zeros, zeros,
-                          IMPALAConfig(advantage_norm=advantage_norm, value_coef=0.0, entropy_coef=0.0))
+    loss, _ = impala_loss(
+        logp,
+        advantages,
+        zeros,
+        zeros,
+        zeros,
+        IMPALAConfig(advantage_norm=advantage_norm, value_coef=0.0, entropy_coef=0.0),
+    )
     loss.backward()
     return logits.grad
 
@@ -99,6 +115,8 @@ def test_centered_advantages_ignore_a_shift_and_standard_ones_a_scale():
     raw, shifted = _policy_gradient(advantages, "none"), _policy_gradient(advantages + 2.0, "none")
     assert not torch.allclose(raw, shifted)  # the paper's loss pushes every action taken when all advantages rise
     torch.testing.assert_close(_policy_gradient(advantages, "center"), _policy_gradient(advantages + 2.0, "center"))
-    torch.testing.assert_close(_policy_gradient(advantages, "standard"), _policy_gradient(3 * advantages + 2, "standard"))
+    torch.testing.assert_close(
+        _policy_gradient(advantages, "standard"), _policy_gradient(3 * advantages + 2, "standard")
+    )
     centered = _policy_gradient(advantages, "center")
     torch.testing.assert_close(centered, _policy_gradient(advantages - advantages.mean(), "none"))

@@ -22,19 +22,26 @@ from tianji.sections import ConfigError, Section
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "EnvConfig", "build_config", "load_config"]
 
-AlgoConfig = Annotated[Union[tuple(spec.config for spec in ALGOS.values())], Field(discriminator="name")]
+# a union built from the registry: only typing.Union takes a tuple of types
+AlgoConfig = Annotated[Union[tuple(spec.config for spec in ALGOS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 class TopologyConfig(Section):
     learners: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        1, description="Learner processes, each with its own actors (assigned evenly), buffer, credits and lag "
-        "accounting, kept in step by torch.distributed (see sync.*); auto: chosen by measurement with the actors.")
+        1,
+        description="Learner processes, each with its own actors (assigned evenly), buffer, credits and lag "
+        "accounting, kept in step by torch.distributed (see sync.*); auto: chosen by measurement with the actors.",
+    )
     actors: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        1, description="Actor processes (each runs a vector of envs and its own policy inference); "
-        "auto: chosen by measurement at start-up (see `tianji plan`).")
+        1,
+        description="Actor processes (each runs a vector of envs and its own policy inference); "
+        "auto: chosen by measurement at start-up (see `tianji plan`).",
+    )
     envs_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        16, description="Environments stepped together by one actor; auto: chosen by measurement, keeping "
-        "envs_per_actor x fragment_length as configured (16 x fragment_length for auto).")
+        16,
+        description="Environments stepped together by one actor; auto: chosen by measurement, keeping "
+        "envs_per_actor x fragment_length as configured (16 x fragment_length for auto).",
+    )
     fragment_length: int = Field(32, ge=1, description="Steps per env in one fragment pushed to the learner.")
     actor_threads: int = Field(1, ge=1, description="torch threads per actor process.")
     learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
@@ -42,49 +49,74 @@ class TopologyConfig(Section):
 
 class LearnerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Where the learner trains: auto picks CUDA when present (pinned host buffers, "
-        "non-blocking copies); actors always run on CPU.")
+        "auto",
+        description="Where the learner trains: auto picks CUDA when present (pinned host buffers, "
+        "non-blocking copies); actors always run on CPU.",
+    )
 
 
 class SyncConfig(Section):
     mode: Literal["allreduce", "average"] = Field(
-        "allreduce", description="With several learners: allreduce averages gradients at every optimizer step "
+        "allreduce",
+        description="With several learners: allreduce averages gradients at every optimizer step "
         "(identical weights, learners wait for each other); average averages parameters every sync.every updates "
-        "with an asynchronous collective while each learner keeps training (the relaxed dependency).")
+        "with an asynchronous collective while each learner keeps training (the relaxed dependency).",
+    )
     every: int = Field(1, ge=1, description="average mode: updates between two parameter averages.")
     average_optimizer: bool = Field(
-        True, description="average mode: average the Adam moments with the parameters (false: each learner keeps "
-        "its own; measured on CartPole DQN averaging every update, that failed to learn).")
-    timeout_s: float = Field(60.0, gt=0, description="A collective waiting longer than this for a peer fails the "
-                             "group (a dead learner), which the driver restarts from the last checkpoint.")
+        True,
+        description="average mode: average the Adam moments with the parameters (false: each learner keeps "
+        "its own; measured on CartPole DQN averaging every update, that failed to learn).",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A collective waiting longer than this for a peer fails the "
+        "group (a dead learner), which the driver restarts from the last checkpoint.",
+    )
 
 
 class BalanceConfig(Section):
-    max_policy_lag: int = Field(8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted).")
-    max_inflight: int = Field(2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits).")
+    max_policy_lag: int = Field(
+        8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted)."
+    )
+    max_inflight: int = Field(
+        2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits)."
+    )
     backpressure: bool = Field(
-        True, description="Learner takes a fragment only when its buffer has room (on-policy) or the rate limiter "
-        "allows (off-policy); false: it takes every fragment at once and queues it (the ablation 'balance off').")
+        True,
+        description="Learner takes a fragment only when its buffer has room (on-policy) or the rate limiter "
+        "allows (off-policy); false: it takes every fragment at once and queues it (the ablation 'balance off').",
+    )
     publish_every: int = Field(1, ge=1, description="Publish weights to actors every N learner updates.")
     replay_ratio: float | None = Field(
-        None, gt=0, description="Off-policy: samples trained per env step inserted, held by a rate limiter "
-        "that pauses the faster side (null: no limit).")
+        None,
+        gt=0,
+        description="Off-policy: samples trained per env step inserted, held by a rate limiter "
+        "that pauses the faster side (null: no limit).",
+    )
     replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
 
 
 class StopConfig(Section):
     target_return: float | None = Field(None, description="Stop when target_metric reaches this return.")
     target_metric: Literal["train", "eval", "eval_win_rate"] = Field(
-        "train", description="train: mean return of the last 100 training episodes; eval: mean greedy return of "
+        "train",
+        description="train: mean return of the last 100 training episodes; eval: mean greedy return of "
         "one evaluation round; eval_win_rate: the share of won episodes in one greedy round (SMAX; target_return "
-        "is then a rate in [0, 1]); both need eval.interval_s.")
+        "is then a rate in [0, 1]); both need eval.interval_s.",
+    )
     max_env_steps: int | None = Field(None, ge=1, description="Stop after this many env steps in total.")
     max_wall_time_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
 
 
 class EvalConfig(Section):
-    interval_s: float | None = Field(None, gt=0, description="Seconds between greedy evaluations of the newest "
-                                     "weights, in their own role (null: no evaluation).")
+    interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds between greedy evaluations of the newest "
+        "weights, in their own role (null: no evaluation).",
+    )
     episodes: int = Field(20, ge=1, description="Episodes per evaluation round (run as one vector env).")
 
 
@@ -96,57 +128,95 @@ class LoggingConfig(Section):
 
 
 class SupervisionConfig(Section):
-    max_actor_restarts: int = Field(10, ge=0, description="Restarts of dead or silent actors and evaluator over "
-                                    "the run before it is stopped as failed.")
-    max_learner_restarts: int = Field(3, ge=0, description="Restarts of the learner (from the last checkpoint; "
-                                      "actors reconnect) before the run is stopped as failed.")
-    heartbeat_timeout_s: float = Field(60.0, gt=0, description="A role that sends no event for this long (hung env, "
-                                       "deadlock) is killed and replaced.")
-    driver_timeout_s: float = Field(5.0, gt=0, description="A role that hears nothing from the driver for this long "
-                                    "exits: the driver is gone (killed, OOM, closed session).")
+    max_actor_restarts: int = Field(
+        10,
+        ge=0,
+        description="Restarts of dead or silent actors and evaluator over the run before it is stopped as failed.",
+    )
+    max_learner_restarts: int = Field(
+        3,
+        ge=0,
+        description="Restarts of the learner (from the last checkpoint; "
+        "actors reconnect) before the run is stopped as failed.",
+    )
+    heartbeat_timeout_s: float = Field(
+        60.0, gt=0, description="A role that sends no event for this long (hung env, deadlock) is killed and replaced."
+    )
+    driver_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="A role that hears nothing from the driver for this long "
+        "exits: the driver is gone (killed, OOM, closed session).",
+    )
 
 
 class RayConfig(Section):
     address: str | None = Field(
-        None, description="Ray cluster to join with --launcher ray: 'auto' (the cluster `ray start --head` made "
-        "on this machine), 'HOST:PORT', or null to start a Ray instance for this run only.")
+        None,
+        description="Ray cluster to join with --launcher ray: 'auto' (the cluster `ray start --head` made "
+        "on this machine), 'HOST:PORT', or null to start a Ray instance for this run only.",
+    )
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="Placement group strategy: PACK fills nodes one after another, SPREAD puts roles on "
+        "PACK",
+        description="Placement group strategy: PACK fills nodes one after another, SPREAD puts roles on "
         "as many nodes as it can; STRICT_PACK keeps every role on one node (a sweep's trials use it), "
-        "STRICT_SPREAD puts each role on a different node.")
-    learner_gpus: float = Field(0.0, ge=0, description="GPUs in the learner's bundle (the learner then runs "
-                                "where a GPU is free).")
+        "STRICT_SPREAD puts each role on a different node.",
+    )
+    learner_gpus: float = Field(
+        0.0, ge=0, description="GPUs in the learner's bundle (the learner then runs where a GPU is free)."
+    )
     learner_resources: dict[str, float] = Field(
-        default_factory=dict, description="Extra Ray resources the learner's bundle asks for, e.g. {gpu_node: 1} to "
-        "pin it to nodes started with --resources='{\"gpu_node\": 1}'.")
-    actor_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of each actor's bundle.")
-    evaluator_resources: dict[str, float] = Field(default_factory=dict, description="Extra Ray resources of the "
-                                                  "evaluator's bundle.")
+        default_factory=dict,
+        description="Extra Ray resources the learner's bundle asks for, e.g. {gpu_node: 1} to "
+        "pin it to nodes started with --resources='{\"gpu_node\": 1}'.",
+    )
+    actor_resources: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray resources of each actor's bundle."
+    )
+    evaluator_resources: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray resources of the evaluator's bundle."
+    )
     role_cpus: float | Literal["auto"] = Field(
-        "auto", description="CPUs each role's bundle asks for per thread. auto: 1 where the cluster has a CPU for every "
-        "role thread, else the share that fits the cluster's CPUs (roles then share CPUs, as under the local launcher). "
-        "A number: exactly that (e.g. 0.5 to run two roles per CPU).")
+        "auto",
+        description="CPUs each role's bundle asks for per thread. auto: 1 where the cluster has a CPU for every "
+        "role thread, else the share that fits the cluster's CPUs (roles then share CPUs, as under the local "
+        "launcher). "
+        "A number: exactly that (e.g. 0.5 to run two roles per CPU).",
+    )
     bind_all_interfaces: bool = Field(
-        False, description="Listen on every network interface instead of the node's cluster address (only behind "
-        "a firewall: every TCP link is CURVE-encrypted and refuses peers without the run's key either way).")
+        False,
+        description="Listen on every network interface instead of the node's cluster address (only behind "
+        "a firewall: every TCP link is CURVE-encrypted and refuses peers without the run's key either way).",
+    )
     placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to place every role.")
     runtime_env: dict[str, Any] = Field(
-        default_factory=dict, description="Ray runtime_env for the roles (e.g. {env_vars: {PYTHONPATH: ...}} so "
-        "that nodes find your own environment module).")
+        default_factory=dict,
+        description="Ray runtime_env for the roles (e.g. {env_vars: {PYTHONPATH: ...}} so "
+        "that nodes find your own environment module).",
+    )
 
 
 class CheckpointConfig(Section):
-    interval_s: float = Field(30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end).")
-    keep: int = Field(3, ge=1, description="Checkpoint sets kept (each verified by its manifest); a resume takes the "
-                      "newest that verifies.")
+    interval_s: float = Field(
+        30.0, gt=0, description="Seconds between periodic checkpoints (one is always written at the end)."
+    )
+    keep: int = Field(
+        3,
+        ge=1,
+        description="Checkpoint sets kept (each verified by its manifest); a resume takes the newest that verifies.",
+    )
 
 
 class Config(Section):
     name: str = Field("run", description="Run name, the prefix of the run directory.")
-    seed: int = Field(0, ge=0, description="Seed for envs, networks and sampling; repeatable as far as asynchrony allows.")
+    seed: int = Field(
+        0, ge=0, description="Seed for envs, networks and sampling; repeatable as far as asynchrony allows."
+    )
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
     algo: AlgoConfig = Field(default_factory=ALGOS["ppo"].config, description="Algorithm and its hyperparameters.")
-    topology: TopologyConfig = Field(default_factory=TopologyConfig, description="Actors, envs per actor, fragment size.")
+    topology: TopologyConfig = Field(
+        default_factory=TopologyConfig, description="Actors, envs per actor, fragment size."
+    )
     balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Production-consumption balance.")
     sync: SyncConfig = Field(default_factory=SyncConfig, description="Keeping several learners in step.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="The learner's device.")
@@ -154,30 +224,36 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Greedy evaluation.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and console output.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
-    supervision: SupervisionConfig = Field(default_factory=SupervisionConfig,
-                                           description="Role restarts and failure detection.")
+    supervision: SupervisionConfig = Field(
+        default_factory=SupervisionConfig, description="Role restarts and failure detection."
+    )
     ray: RayConfig = Field(default_factory=RayConfig, description="The Ray launcher (--launcher ray).")
 
     @model_validator(mode="after")
-    def _lr_horizon_from_stop(self) -> "Config":
+    def _lr_horizon_from_stop(self) -> Config:
         """A linear schedule without its own horizon ends at stop.max_env_steps (resolved here, so that
         config.yaml shows it)."""
         if self.algo.lr_schedule == "linear" and self.algo.lr_horizon is None:
             if self.stop.max_env_steps is None:
-                raise ValueError("algo.lr_schedule is 'linear' but neither algo.lr_horizon nor stop.max_env_steps "
-                                 "is set; set one of them")
+                raise ValueError(
+                    "algo.lr_schedule is 'linear' but neither algo.lr_horizon nor stop.max_env_steps "
+                    "is set; set one of them"
+                )
             object.__setattr__(self, "algo", self.algo.model_copy(update={"lr_horizon": self.stop.max_env_steps}))
         return self
 
     @model_validator(mode="after")
-    def _eval_target_needs_eval(self) -> "Config":
+    def _eval_target_needs_eval(self) -> Config:
         if self.stop.target_metric != "train" and self.stop.target_return is not None and self.eval.interval_s is None:
-            raise ValueError(f"stop.target_metric is {self.stop.target_metric!r} but eval.interval_s is null; "
-                             "set eval.interval_s")
+            raise ValueError(
+                f"stop.target_metric is {self.stop.target_metric!r} but eval.interval_s is null; set eval.interval_s"
+            )
         t = self.topology
         if isinstance(t.learners, int) and isinstance(t.actors, int) and t.learners > t.actors:
-            raise ValueError(f"topology.learners is {t.learners} but there are {t.actors} actors; every learner "
-                             "needs at least one actor of its own")
+            raise ValueError(
+                f"topology.learners is {t.learners} but there are {t.actors} actors; every learner "
+                "needs at least one actor of its own"
+            )
         return self
 
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 from tianji.algos import appo, dqn, impala, mappo, ppo, qmix
 from tianji.algos.base import AlgoSpec
 
-ALGOS: dict[str, AlgoSpec] = {spec.name: spec for spec in (
-    ppo.SPEC,
-    dqn.SPEC,
-    impala.SPEC,
-    appo.SPEC,
-    qmix.SPEC,
-    mappo.SPEC,
-)}
+ALGOS: dict[str, AlgoSpec] = {
+    spec.name: spec
+    for spec in (
+        ppo.SPEC,
+        dqn.SPEC,
+        impala.SPEC,
+        appo.SPEC,
+        qmix.SPEC,
+        mappo.SPEC,
+    )
+}
 
 
 def get_algo(name: str) -> AlgoSpec:

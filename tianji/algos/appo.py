@@ -18,36 +18,49 @@ import torch
 from pydantic import Field
 
 from tianji.algos.base import AlgoSpec
+from tianji.algos.common.batches import minibatch_steps
 from tianji.algos.common.networks import trunk_health
 from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, adam_eps
-from tianji.algos.common.batches import minibatch_steps
 from tianji.algos.impala import IMPALALearner, IMPALAPolicy, VTraceConfig, time_major_batch, vtrace_targets
 from tianji.algos.ppo import check_spaces, ppo_loss
 
 
 class APPOConfig(VTraceConfig):
-    name: Literal["appo"] = Field("appo", description="Algorithm: APPO, IMPALA's actors and V-trace targets with "
-                                  "PPO's clipped surrogate and several passes over each batch.")
+    name: Literal["appo"] = Field(
+        "appo",
+        description="Algorithm: APPO, IMPALA's actors and V-trace targets with "
+        "PPO's clipped surrogate and several passes over each batch.",
+    )
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     optimizer: OptimizerConfig = adam_eps(1e-5)
     clip: float = Field(0.2, gt=0, description="PPO ratio clip range (the ratio to the behaviour policy).")
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches (random samples of the batch) per pass.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "its value before the update in the value loss (null: no clipping).")
+    value_clip: float | None = Field(
+        None,
+        gt=0,
+        description="Clip the value prediction to within this distance of "
+        "its value before the update in the value loss (null: no clipping).",
+    )
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    proximal: bool = Field(True, description="Centre the clip on the learner's own policy at the start of each "
-                           "update (whose V-trace advantages already carry the truncated weight pi / mu) instead of "
-                           "the actors' behaviour policy, which a stale fragment may be far from already.")
+    proximal: bool = Field(
+        True,
+        description="Centre the clip on the learner's own policy at the start of each "
+        "update (whose V-trace advantages already carry the truncated weight pi / mu) instead of "
+        "the actors' behaviour policy, which a stale fragment may be far from already.",
+    )
     init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
 
 
 class APPOLearner(IMPALALearner):
     def update(self) -> dict[str, float]:
         samples, diagnostics = vtrace_targets(self.net, time_major_batch(self.take_batch(), self.device), self.cfg)
-        return {**minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
-                **diagnostics, **trunk_health(self.net)}
+        return {
+            **minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
+            **diagnostics,
+            **trunk_health(self.net),
+        }
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])

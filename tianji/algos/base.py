@@ -12,8 +12,9 @@ An algorithm is an `AlgoSpec` found through `tianji.algos.get_algo`:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -206,7 +207,7 @@ class OnPolicyBatches:
         return self._samples_per_fragment * self.cfg.batch_fragments
 
     def take_batch(self) -> list[Mapping[str, np.ndarray]]:
-        batch, self.pending = self.pending[: self.cfg.batch_fragments], self.pending[self.cfg.batch_fragments:]
+        batch, self.pending = self.pending[: self.cfg.batch_fragments], self.pending[self.cfg.batch_fragments :]
         return batch
 
 

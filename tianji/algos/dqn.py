@@ -7,7 +7,8 @@ against hand-computed references. `DQNPolicy` runs in actors, `DQNLearner` in th
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -35,31 +36,45 @@ from tianji.algos.common.settings import MODEL_DESCRIPTION, ModelName, TrainedCo
 
 
 class DQNConfig(TrainedConfig):
-    name: Literal["dqn"] = Field("dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy).")
+    name: Literal["dqn"] = Field(
+        "dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy)."
+    )
     lr: float = Field(1e-3, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")
-    double: bool = Field(True, description="Double Q-learning: online net picks the bootstrap action, target net values it.")
+    double: bool = Field(
+        True, description="Double Q-learning: online net picks the bootstrap action, target net values it."
+    )
     dueling: bool = Field(True, description="Dueling value/advantage heads.")
     hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
     batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
     buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
     learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
-    target_update_interval: int = Field(250, ge=1, description="Hard target-network update every N updates (when target_tau is 1).")
+    target_update_interval: int = Field(
+        250, ge=1, description="Hard target-network update every N updates (when target_tau is 1)."
+    )
     target_tau: float = Field(1.0, gt=0, le=1, description="Polyak factor per update; 1 means periodic hard updates.")
     max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    prioritized: bool = Field(True, description="Proportional prioritized replay (priorities from actors, then TD errors).")
+    prioritized: bool = Field(
+        True, description="Proportional prioritized replay (priorities from actors, then TD errors)."
+    )
     priority_alpha: float = Field(0.6, ge=0, description="Priority exponent.")
     beta_start: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start, annealed to 1.")
     beta_anneal_updates: int = Field(20_000, ge=1, description="Updates over which beta anneals to 1.")
     exploration: Literal["ladder", "linear"] = Field(
-        "ladder", description="ladder: fixed per-env epsilon_i = epsilon**(1 + epsilon_alpha*i/(N-1)) over all envs "
-        "of all actors (Ape-X); linear: each actor anneals from epsilon_start to epsilon over its own steps.")
-    epsilon: float = Field(0.4, ge=0, le=1, description="Ladder base epsilon, or the final epsilon of the linear schedule.")
+        "ladder",
+        description="ladder: fixed per-env epsilon_i = epsilon**(1 + epsilon_alpha*i/(N-1)) over all envs "
+        "of all actors (Ape-X); linear: each actor anneals from epsilon_start to epsilon over its own steps.",
+    )
+    epsilon: float = Field(
+        0.4, ge=0, le=1, description="Ladder base epsilon, or the final epsilon of the linear schedule."
+    )
     epsilon_alpha: float = Field(7.0, ge=0, description="Ladder exponent alpha.")
     epsilon_start: float = Field(1.0, ge=0, le=1, description="Linear schedule: starting epsilon.")
-    epsilon_decay_steps: int = Field(10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon.")
+    epsilon_decay_steps: int = Field(
+        10_000, ge=1, description="Linear schedule: env steps (per actor) to reach epsilon."
+    )
 
 
 def epsilon_ladder(index: int, count: int, base: float, alpha: float) -> float:
@@ -70,7 +85,10 @@ def epsilon_ladder(index: int, count: int, base: float, alpha: float) -> float:
 
 
 def double_q_targets(
-    rewards: torch.Tensor, discounts: torch.Tensor, next_q_online: torch.Tensor, next_q_target: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    next_q_online: torch.Tensor,
+    next_q_target: torch.Tensor,
     double: bool,
 ) -> torch.Tensor:
     """r + discount * Q_target(s', a*), a* from the online net (double Q) or the target net."""
@@ -159,8 +177,11 @@ class DQNPolicy:
         action = np.where(explore, self.rng.integers(0, self.n_actions, len(q)), greedy)
         self.steps += len(q)
         rows = np.arange(len(q))
-        return action, {"action": action, "q_taken": q[rows, action].astype(np.float32),
-                        "q_max": q.max(axis=1).astype(np.float32)}
+        return action, {
+            "action": action,
+            "q_taken": q[rows, action].astype(np.float32),
+            "q_max": q.max(axis=1).astype(np.float32),
+        }
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
@@ -171,7 +192,8 @@ class DQNPolicy:
         """Replace per-step rows by n-step transitions with initial priorities from our own Q-values."""
         c = self.cfg
         returns, discounts, steps = nstep_transitions(
-            fragment["reward"], fragment["terminated"], fragment["done"], fragment["valid"], c.gamma, c.n_step)
+            fragment["reward"], fragment["terminated"], fragment["done"], fragment["valid"], c.gamma, c.n_step
+        )
         T, k = returns.shape
         all_obs = np.concatenate([fragment["obs"], last_obs[None]], axis=0)
         last_q_max = self.net(torch.from_numpy(last_obs)).max(dim=1).values.numpy()
@@ -179,11 +201,16 @@ class DQNPolicy:
         next_rows = np.arange(T)[:, None] + steps
         cols = np.arange(k)[None, :]
         priority = np.abs(returns + discounts * all_q_max[next_rows, cols] - fragment["q_taken"])
-        return {"nstep_return": returns, "discount": discounts, "next_obs": all_obs[next_rows, cols],
-                "priority": priority.astype(np.float32)}
+        return {
+            "nstep_return": returns,
+            "discount": discounts,
+            "next_obs": all_obs[next_rows, cols],
+            "priority": priority.astype(np.float32),
+        }
 
 
 # ------------------------------------------------------------------ learner side
+
 
 class DQNLearner(NetAndOptimizer):
     def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
@@ -197,20 +224,27 @@ class DQNLearner(NetAndOptimizer):
         self.optimizer = self.step.optimizer
         self.sync = NO_HOOK
         self.env_steps = 0
-        self.replay = PrioritizedReplay(cfg.buffer_capacity, {
-            "obs": (obs_space.shape, obs_space.dtype),
-            "next_obs": (obs_space.shape, obs_space.dtype),
-            "action": ((), np.int64),
-            "nstep_return": ((), np.float32),
-            "discount": ((), np.float32),
-        }, alpha=cfg.priority_alpha if cfg.prioritized else 0.0)
+        self.replay = PrioritizedReplay(
+            cfg.buffer_capacity,
+            {
+                "obs": (obs_space.shape, obs_space.dtype),
+                "next_obs": (obs_space.shape, obs_space.dtype),
+                "action": ((), np.int64),
+                "nstep_return": ((), np.float32),
+                "discount": ((), np.float32),
+            },
+            alpha=cfg.priority_alpha if cfg.prioritized else 0.0,
+        )
         self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
         self.updates = 0
 
     def add(self, fragment: Mapping[str, np.ndarray]) -> None:
         valid = fragment["valid"].reshape(-1)
-        flat = {k: v.reshape(valid.shape[0], *v.shape[2:])[valid] for k, v in fragment.items()
-                if k in self.replay.data or k == "priority"}
+        flat = {
+            k: v.reshape(valid.shape[0], *v.shape[2:])[valid]
+            for k, v in fragment.items()
+            if k in self.replay.data or k == "priority"
+        }
         priority = flat.pop("priority") if self.cfg.prioritized else None
         self.replay.add(flat, priority)
 
@@ -235,10 +269,11 @@ class DQNLearner(NetAndOptimizer):
         q = self.net(torch.cat([t["obs"], t["next_obs"]])) if c.double else self.net(t["obs"])
         q_obs = q[: c.batch_size]
         with torch.no_grad():
-            next_q_online = q[c.batch_size:].detach() if c.double else None
+            next_q_online = q[c.batch_size :].detach() if c.double else None
             next_q_target = self.target(t["next_obs"])
-            targets = double_q_targets(t["nstep_return"], t["discount"],
-                                       next_q_online if c.double else next_q_target, next_q_target, c.double)
+            targets = double_q_targets(
+                t["nstep_return"], t["discount"], next_q_online if c.double else next_q_target, next_q_target, c.double
+            )
         q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
         loss, td = td_loss(q_taken, targets, to_device(weights, self.device))
         step = self.step(loss, self.sync, self.env_steps)
@@ -246,23 +281,33 @@ class DQNLearner(NetAndOptimizer):
             self.replay.update_priorities(idx, td.abs().cpu().numpy())
         self.updates += 1
         self._update_target()
-        return {"loss": loss.item(), "q_mean": q_taken.mean().item(), "td_abs": float(td.abs().mean()),
-                "grad_norm": float(step["grad_norm"]), "lr": step["lr"], "beta": self._beta(),
-                "replay_size": float(len(self.replay))}
+        return {
+            "loss": loss.item(),
+            "q_mean": q_taken.mean().item(),
+            "td_abs": float(td.abs().mean()),
+            "grad_norm": float(step["grad_norm"]),
+            "lr": step["lr"],
+            "beta": self._beta(),
+            "replay_size": float(len(self.replay)),
+        }
 
     def _update_target(self) -> None:
         c = self.cfg
         if c.target_tau < 1.0:
             with torch.no_grad():
-                for target, online in zip(self.target.parameters(), self.net.parameters()):
+                for target, online in zip(self.target.parameters(), self.net.parameters(), strict=True):
                     target.lerp_(online, c.target_tau)
         elif self.updates % c.target_update_interval == 0:
             self.target.load_state_dict(self.net.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         # the replay buffer is not checkpointed: it refills from actors in seconds and can be huge
-        return {"net": self.net.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        return {
+            "net": self.net.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])

@@ -13,7 +13,8 @@ which recomputes values and target log-probs with its current parameters.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -47,27 +48,43 @@ class VTraceConfig(TrainedConfig):
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    hidden: list[int] = Field(
+        default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
+    )
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
 
 
 class IMPALAConfig(VTraceConfig):
-    name: Literal["impala"] = Field("impala", description="Algorithm: IMPALA, actor-critic with V-trace "
-                                    "off-policy correction (tolerates policy lag).")
+    name: Literal["impala"] = Field(
+        "impala",
+        description="Algorithm: IMPALA, actor-critic with V-trace off-policy correction (tolerates policy lag).",
+    )
     lr: float = Field(6e-4, gt=0, description="Learning rate (the start of a schedule).")
     max_grad_norm: float = Field(40.0, gt=0, description="Global gradient-norm clip.")
-    minibatches: int = Field(1, ge=1, description="Gradient steps per pass over a batch, each on a random share of "
-                             "its samples (V-trace targets computed once per batch).")
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="Gradient steps per pass over a batch, each on a random share of "
+        "its samples (V-trace targets computed once per batch).",
+    )
     epochs: int = Field(1, ge=1, description="Passes over each batch (unbounded policy change: appo clips it).")
     advantage_norm: Literal["none", "center", "standard"] = Field(
-        "none", description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
+        "none",
+        description="What the policy gradient does with the V-trace advantages of a gradient step: none (the "
         "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
-        "taken), standard (also divide by their deviation, as PPO does).")
+        "taken), standard (also divide by their deviation, as PPO does).",
+    )
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
-def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,
-                entropy: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def impala_loss(
+    target_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    values: torch.Tensor,
+    vs: torch.Tensor,
+    entropy: torch.Tensor,
+    cfg: IMPALAConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
     the batch's valid steps (the IMPALA paper sums them; see tianji.algos.common.optim for the equivalent settings).
     `cfg.advantage_norm`: center subtracts the advantages' mean first, standard also divides by their deviation."""
@@ -80,8 +97,11 @@ def impala_loss(target_logp: torch.Tensor, advantages: torch.Tensor, values: tor
     value_loss = 0.5 * (vs.detach() - values).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
-    return loss, {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-                  "entropy": entropy_mean.detach()}
+    return loss, {
+        "policy_loss": policy_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy_mean.detach(),
+    }
 
 
 def make_net(cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
@@ -123,8 +143,11 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
         if self.cfg.minibatches == 1 and self.cfg.epochs == 1:
             return self._single_pass(batch)
         samples, diagnostics = vtrace_targets(self.net, batch, self.cfg)
-        return {**minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
-                **diagnostics, **trunk_health(self.net)}
+        return {
+            **minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps),
+            **diagnostics,
+            **trunk_health(self.net),
+        }
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
@@ -137,12 +160,25 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
         c = self.cfg
         obs, action = b["obs"], b["action"]
         T, k = action.shape[:2]
-        logp, entropy, values = self.net.evaluate(obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:]))
+        logp, entropy, values = self.net.evaluate(
+            obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:])
+        )
         logp, entropy, values = logp.reshape(T, k), entropy.reshape(T, k), values.reshape(T, k)
         with torch.no_grad():
             bootstrap = self.net.value(b["last_obs"])
-        vs, advantages = vtrace(b["logp"], logp.detach(), b["reward"].float(), values.detach(), bootstrap, b["done"],
-                                b["terminated"], c.gamma, c.vtrace_lambda, c.rho_bar, c.c_bar)
+        vs, advantages = vtrace(
+            b["logp"],
+            logp.detach(),
+            b["reward"].float(),
+            values.detach(),
+            bootstrap,
+            b["done"],
+            b["terminated"],
+            c.gamma,
+            c.vtrace_lambda,
+            c.rho_bar,
+            c.c_bar,
+        )
         valid = b["valid"].bool()
         loss, stats = impala_loss(logp[valid], advantages[valid], values[valid], vs[valid], entropy[valid], c)
         stats.update(self.step(loss, self.sync, self.env_steps))
@@ -152,8 +188,9 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
 
 
 @torch.no_grad()
-def vtrace_targets(net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAConfig
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def vtrace_targets(
+    net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The batch's valid steps as flat samples (observation, action, behaviour log-prob, log-prob and
     value now, V-trace target and advantage) from one forward pass with the current parameters, and how far
     that policy is from the actors' (rho, explained variance)."""
@@ -161,14 +198,35 @@ def vtrace_targets(net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAC
     T, k = action.shape[:2]
     logp, _, values = net.evaluate(obs.reshape(T * k, *obs.shape[2:]), action.reshape(T * k, *action.shape[2:]))
     logp, values = logp.reshape(T, k), values.reshape(T, k)
-    vs, advantages = vtrace(b["logp"], logp, b["reward"].float(), values, net.value(b["last_obs"]), b["done"],
-                            b["terminated"], cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
+    vs, advantages = vtrace(
+        b["logp"],
+        logp,
+        b["reward"].float(),
+        values,
+        net.value(b["last_obs"]),
+        b["done"],
+        b["terminated"],
+        cfg.gamma,
+        cfg.vtrace_lambda,
+        cfg.rho_bar,
+        cfg.c_bar,
+    )
     valid = b["valid"].bool()
     behaviour = vtrace_diagnostics(b["logp"][valid], logp[valid], cfg.rho_bar)
-    diagnostics = {"rho_mean": behaviour["rho_mean"], "rho_clipped": behaviour["rho_clipped"],
-                   "explained_variance": explained_variance(values[valid], vs[valid])}
-    samples = {"obs": obs[valid], "action": action[valid], "logp": b["logp"][valid], "prox_logp": logp[valid],
-               "value": values[valid], "vs": vs[valid], "adv": advantages[valid]}
+    diagnostics = {
+        "rho_mean": behaviour["rho_mean"],
+        "rho_clipped": behaviour["rho_clipped"],
+        "explained_variance": explained_variance(values[valid], vs[valid]),
+    }
+    samples = {
+        "obs": obs[valid],
+        "action": action[valid],
+        "logp": b["logp"][valid],
+        "prox_logp": logp[valid],
+        "value": values[valid],
+        "vs": vs[valid],
+        "adv": advantages[valid],
+    }
     return samples, diagnostics
 
 
@@ -191,8 +249,11 @@ def vtrace_diagnostics(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, 
     of weights V-trace truncates at rho_bar, and the KL(mu || pi) estimate (r - 1) - log r."""
     log_ratio = target_logp - behaviour_logp
     ratio = log_ratio.exp()
-    return {"rho_mean": float(ratio.mean()), "rho_clipped": float((ratio > rho_bar).float().mean()),
-            "approx_kl": float(approx_kl(log_ratio))}
+    return {
+        "rho_mean": float(ratio.mean()),
+        "rho_clipped": float((ratio > rho_bar).float().mean()),
+        "approx_kl": float(approx_kl(log_ratio)),
+    }
 
 
 SPEC = AlgoSpec("impala", IMPALAConfig, IMPALAPolicy, IMPALALearner, check_spaces)

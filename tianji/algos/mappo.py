@@ -9,7 +9,8 @@ sequences unrolled from there. The team reward's GAE is computed per env (MAPPO)
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -38,17 +39,23 @@ from tianji.algos.ppo import SurrogateConfig, ppo_loss, proximal_weights, stalen
 
 
 class MAPPOConfig(SurrogateConfig):
-    name: Literal["mappo"] = Field("mappo", description="Algorithm: MAPPO, a shared PPO policy for cooperative "
-                                   "multi-agent envs with a centralised value (IPPO with centralised_value false).")
+    name: Literal["mappo"] = Field(
+        "mappo",
+        description="Algorithm: MAPPO, a shared PPO policy for cooperative "
+        "multi-agent envs with a centralised value (IPPO with centralised_value false).",
+    )
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(5, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches per epoch.")
     max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
-    centralised_value: bool = Field(True, description="Value on the global state (MAPPO); false: on each agent's "
-                                    "own observation (IPPO).")
-    recurrent: bool = Field(False, description="A GRU memory in the policy (trained on whole env sequences; "
-                            "minibatches then split the envs).")
+    centralised_value: bool = Field(
+        True, description="Value on the global state (MAPPO); false: on each agent's own observation (IPPO)."
+    )
+    recurrent: bool = Field(
+        False,
+        description="A GRU memory in the policy (trained on whole env sequences; minibatches then split the envs).",
+    )
     rnn_hidden: int = Field(64, ge=1, description="Width of the policy's GRU when recurrent.")
 
 
@@ -56,8 +63,16 @@ class SharedActorCritic(nn.Module):
     """The shared policy (an MLP, or with `recurrent_hidden` an encoder + GRU + head that remembers
     the episode) and the value (MLP on the global state, or on each agent's observation)."""
 
-    def __init__(self, n_agents: int, obs_dim: int, n_actions: int, state_dim: int, hidden: list[int],
-                 centralised_value: bool, recurrent_hidden: int | None = None):
+    def __init__(
+        self,
+        n_agents: int,
+        obs_dim: int,
+        n_actions: int,
+        state_dim: int,
+        hidden: list[int],
+        centralised_value: bool,
+        recurrent_hidden: int | None = None,
+    ):
         super().__init__()
         self.n_agents, self.centralised, self.recurrent_hidden = n_agents, centralised_value, recurrent_hidden
         if recurrent_hidden:
@@ -76,13 +91,16 @@ class SharedActorCritic(nn.Module):
         ids = torch.eye(self.n_agents, device=obs.device).expand(obs.shape[0], -1, -1)
         return torch.cat([obs.float(), ids], dim=-1)
 
-    def logits(self, obs: torch.Tensor, avail: torch.Tensor, h: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logits(
+        self, obs: torch.Tensor, avail: torch.Tensor, h: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Masked logits [B, n, A] and the new memory ([B, n, H]; None without recurrence)."""
         x = self.agent_inputs(obs)
         if self.recurrent_hidden:
             batch, n = x.shape[:2]
-            h = self.gru(torch.relu(self.encoder(x)).reshape(batch * n, -1), h.reshape(batch * n, -1)).reshape(batch, n, -1)
+            h = self.gru(torch.relu(self.encoder(x)).reshape(batch * n, -1), h.reshape(batch * n, -1)).reshape(
+                batch, n, -1
+            )
             x = h
         return self.pi(x).masked_fill(~avail.bool(), UNAVAILABLE), h
 
@@ -96,8 +114,9 @@ class SharedActorCritic(nn.Module):
 def make_net(cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space) -> SharedActorCritic:
     check_spaces(obs_space, act_space)
     n, obs_dim, n_actions, state_dim = team_sizes(obs_space, act_space)
-    return SharedActorCritic(n, obs_dim, n_actions, state_dim, cfg.hidden, cfg.centralised_value,
-                             cfg.rnn_hidden if cfg.recurrent else None)
+    return SharedActorCritic(
+        n, obs_dim, n_actions, state_dim, cfg.hidden, cfg.centralised_value, cfg.rnn_hidden if cfg.recurrent else None
+    )
 
 
 class MAPPOPolicy:
@@ -135,8 +154,9 @@ class MAPPOPolicy:
 
     @torch.no_grad()
     def greedy(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        logits, self.h = self.net.logits(torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]),
-                                         self._memory(obs))
+        logits, self.h = self.net.logits(
+            torch.from_numpy(obs["obs"]), torch.from_numpy(obs["avail_actions"]), self._memory(obs)
+        )
         return logits.argmax(-1).numpy()
 
     @torch.no_grad()
@@ -161,18 +181,29 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         self.env_steps = 0
         self.pending: list[Mapping[str, np.ndarray]] = []
 
-    def _advantages(self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _advantages(
+        self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """GAE of the team reward per env (values [T, K]) or per agent (values [T, K, n]);
         advantages, returns and values, each [T, K, n]."""
         T, K, n = rows["active"].shape
         if values.ndim == 2:
-            adv, ret = compute_gae(rows["reward"], values, bootstrap, rows["done"], rows["terminated"],
-                                   self.cfg.gamma, self.cfg.gae_lambda)
+            adv, ret = compute_gae(
+                rows["reward"], values, bootstrap, rows["done"], rows["terminated"], self.cfg.gamma, self.cfg.gae_lambda
+            )
             return tuple(np.repeat(x[..., None], n, -1) for x in (adv, ret, values))  # type: ignore[return-value]
-        per_agent = [np.repeat(rows[key][..., None], n, -1).reshape(T, K * n) for key in ("reward", "done", "terminated")]
-        adv, ret = compute_gae(per_agent[0], values.reshape(T, K * n), bootstrap.reshape(K * n),
-                               per_agent[1], per_agent[2], self.cfg.gamma, self.cfg.gae_lambda)
+        per_agent = [
+            np.repeat(rows[key][..., None], n, -1).reshape(T, K * n) for key in ("reward", "done", "terminated")
+        ]
+        adv, ret = compute_gae(
+            per_agent[0],
+            values.reshape(T, K * n),
+            bootstrap.reshape(K * n),
+            per_agent[1],
+            per_agent[2],
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
         return adv.reshape(T, K, n), ret.reshape(T, K, n), values
 
     def _batch(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -183,15 +214,21 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         fragments = self.take_batch()
         per_env = ("last_obs", "last_state") if c.proximal else ("bootstrap_value",)
         b = time_major(fragments, STEP_KEYS, self.device, per_env + (("h0",) if c.recurrent else ()))
-        rows = {key: np.asarray(joined(fragments, key, 1)) for key in ("reward", "done", "terminated", "valid", "active")}
+        rows = {
+            key: np.asarray(joined(fragments, key, 1)) for key in ("reward", "done", "terminated", "valid", "active")
+        }
         if c.proximal:
             b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b)
         else:
             b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
         adv, ret, values = self._advantages(rows, b["value"].cpu().numpy(), bootstrap.cpu().numpy())
         mask = rows["valid"][..., None] & rows["active"].astype(bool)  # agent-steps that count
-        b.update({key: to_device(value, self.device) for key, value in
-                  (("adv", adv), ("ret", ret), ("value", values), ("mask", mask))})
+        b.update(
+            {
+                key: to_device(value, self.device)
+                for key, value in (("adv", adv), ("ret", ret), ("value", values), ("mask", mask))
+            }
+        )
         b["first"] = b["first"].bool()
         diagnostics = {"explained_variance": explained_variance(b["value"][b["mask"]], b["ret"][b["mask"]])}
         if c.proximal:
@@ -206,11 +243,19 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         if self.cfg.recurrent:
             logits = self._unroll(b, torch.arange(K, device=self.device))
         else:
-            logits, _ = self.net.logits(b["obs"].reshape(T * K, *b["obs"].shape[2:]),
-                                        b["avail_actions"].reshape(T * K, *b["avail_actions"].shape[2:]))
+            logits, _ = self.net.logits(
+                b["obs"].reshape(T * K, *b["obs"].shape[2:]),
+                b["avail_actions"].reshape(T * K, *b["avail_actions"].shape[2:]),
+            )
         logp = torch.log_softmax(logits, -1).gather(-1, b["action"].reshape(T * K, -1, 1).long()).squeeze(-1)
-        values = self.net.value(b["obs"].reshape(T * K, *b["obs"].shape[2:]), b["state"].reshape(T * K, *b["state"].shape[2:]))
-        return logp.reshape(T, K, -1), values.reshape(T, K, *values.shape[1:]), self.net.value(b["last_obs"], b["last_state"])
+        values = self.net.value(
+            b["obs"].reshape(T * K, *b["obs"].shape[2:]), b["state"].reshape(T * K, *b["state"].shape[2:])
+        )
+        return (
+            logp.reshape(T, K, -1),
+            values.reshape(T, K, *values.shape[1:]),
+            self.net.value(b["last_obs"], b["last_state"]),
+        )
 
     def update(self) -> dict[str, float]:
         """`epochs` passes over the batch in `minibatches` parts: of agent-steps, or, recurrent, of
@@ -226,11 +271,14 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         for _ in range(c.epochs):
             order = torch.randperm(units, device=self.device)
             for start in range(0, units - size + 1, size):
-                idx = order[start:start + size]
+                idx = order[start : start + size]
                 if c.recurrent:
                     logits = self._unroll(b, idx)
-                    picked = {key: value[:, idx].reshape(T * len(idx), *value.shape[2:]) for key, value in b.items()
-                              if key not in PER_ENV}
+                    picked = {
+                        key: value[:, idx].reshape(T * len(idx), *value.shape[2:])
+                        for key, value in b.items()
+                        if key not in PER_ENV
+                    }
                 else:
                     picked = {key: value[idx] for key, value in flat.items()}
                     logits, _ = self.net.logits(picked["obs"], picked["avail_actions"])
@@ -259,9 +307,20 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
-        weights = proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar) if self.cfg.proximal else None
-        loss, stats = ppo_loss(logp[mask], b["prox_logp"][mask], b["adv"][mask], value[mask], b["ret"][mask],
-                               entropy[mask], self.cfg, b["value"][mask], weights)
+        weights = (
+            proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar) if self.cfg.proximal else None
+        )
+        loss, stats = ppo_loss(
+            logp[mask],
+            b["prox_logp"][mask],
+            b["adv"][mask],
+            value[mask],
+            b["ret"][mask],
+            entropy[mask],
+            self.cfg,
+            b["value"][mask],
+            weights,
+        )
         stats.update(self.step(loss, self.sync, self.env_steps))
         return stats
 

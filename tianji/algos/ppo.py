@@ -20,7 +20,8 @@ reset row itself is marked invalid and masked out of the loss.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Literal, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -66,18 +67,27 @@ class SurrogateConfig(TrainedConfig):
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     epochs: int = Field(4, ge=1, description="Passes over each batch.")
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch.")
-    value_clip: float | None = Field(None, gt=0, description="Clip the value prediction to within this distance of "
-                                     "the actor's value estimate in the value loss (PPO2's value clipping; "
-                                     "null: no clipping).")
+    value_clip: float | None = Field(
+        None,
+        gt=0,
+        description="Clip the value prediction to within this distance of "
+        "the actor's value estimate in the value loss (PPO2's value clipping; "
+        "null: no clipping).",
+    )
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
-    proximal: bool = Field(True, description="Correct stale fragments: clip around the learner's own policy at the "
-                           "start of each update (not the actor's), weight each sample by that policy's probability "
-                           "over the actor's (truncated at rho_bar), and compute advantages and value targets with "
-                           "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.")
+    proximal: bool = Field(
+        True,
+        description="Correct stale fragments: clip around the learner's own policy at the "
+        "start of each update (not the actor's), weight each sample by that policy's probability "
+        "over the actor's (truncated at rho_bar), and compute advantages and value targets with "
+        "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.",
+    )
     rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    hidden: list[int] = Field(
+        default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
+    )
 
 
 class SurrogateSettings(Protocol):
@@ -151,8 +161,11 @@ def staleness_stats(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, r
     weight pi_prox / mu, the share truncated at rho_bar, and KL(mu || pi_prox) (its estimate (r - 1) - log r)."""
     log_ratio = proximal_logp - behaviour_logp
     ratio = log_ratio.exp()
-    return {"rho_mean": float(ratio.mean()), "rho_clipped": float((ratio > rho_bar).float().mean()),
-            "behaviour_kl": float(((ratio - 1) - log_ratio).mean())}
+    return {
+        "rho_mean": float(ratio.mean()),
+        "rho_clipped": float((ratio > rho_bar).float().mean()),
+        "behaviour_kl": float(((ratio - 1) - log_ratio).mean()),
+    }
 
 
 # ------------------------------------------------------------------ network
@@ -238,24 +251,36 @@ class PPOLearner(OnPolicyBatches, NetAndOptimizer):
             b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b["obs"], b["action"], b["last_obs"])
         else:
             b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
-        adv, ret = compute_gae(rows["reward"], b["value"].cpu().numpy(), bootstrap.cpu().numpy(), rows["done"],
-                               rows["terminated"], self.cfg.gamma, self.cfg.gae_lambda)
+        adv, ret = compute_gae(
+            rows["reward"],
+            b["value"].cpu().numpy(),
+            bootstrap.cpu().numpy(),
+            rows["done"],
+            rows["terminated"],
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
         b["adv"], b["ret"] = to_device(adv, self.device), to_device(ret, self.device)
         valid = torch.from_numpy(rows["valid"].reshape(-1)).to(self.device)
-        samples = {key: b[key].reshape(valid.shape[0], *b[key].shape[2:])[valid]
-                   for key in ("obs", "action", "logp", "prox_logp", "value", "adv", "ret")}
+        samples = {
+            key: b[key].reshape(valid.shape[0], *b[key].shape[2:])[valid]
+            for key in ("obs", "action", "logp", "prox_logp", "value", "adv", "ret")
+        }
         diagnostics = {"explained_variance": explained_variance(samples["value"], samples["ret"])}
         if self.cfg.proximal:
             diagnostics.update(staleness_stats(samples["prox_logp"], samples["logp"], self.cfg.rho_bar))
         return samples, diagnostics
 
     @torch.no_grad()
-    def _evaluate_now(self, obs: torch.Tensor, action: torch.Tensor, last_obs: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _evaluate_now(
+        self, obs: torch.Tensor, action: torch.Tensor, last_obs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs of the actions taken and values [T, K] under the current parameters (the proximal
         policy), and the values of the observations after the fragments [K]."""
         T, K = action.shape[:2]
-        logp, _, values = self.net.evaluate(obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:]))
+        logp, _, values = self.net.evaluate(
+            obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:])
+        )
         return logp.reshape(T, K), values.reshape(T, K), self.net.value(last_obs)
 
 

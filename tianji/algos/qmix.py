@@ -12,7 +12,8 @@ against references.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -38,8 +39,11 @@ from tianji.algos.common.settings import TrainedConfig
 
 
 class QMIXConfig(TrainedConfig):
-    name: Literal["qmix"] = Field("qmix", description="Algorithm: QMIX, value decomposition for cooperative "
-                                  "multi-agent envs (recurrent agents, monotonic mixer; off-policy).")
+    name: Literal["qmix"] = Field(
+        "qmix",
+        description="Algorithm: QMIX, value decomposition for cooperative "
+        "multi-agent envs (recurrent agents, monotonic mixer; off-policy).",
+    )
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")
@@ -179,8 +183,11 @@ class QMIXPolicy:
 
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
         h0, self.h0 = self.h0, self.h.numpy().copy()  # the next fragment starts where this one ended
-        return {"h0": h0, **{f"next_{key}": np.asarray(value) for key, value in last_obs.items()},
-                "next_last_action": np.where(last_obs["first"].reshape(-1, 1), -1, self.last_action)}
+        return {
+            "h0": h0,
+            **{f"next_{key}": np.asarray(value) for key, value in last_obs.items()},
+            "next_last_action": np.where(last_obs["first"].reshape(-1, 1), -1, self.last_action),
+        }
 
 
 def _random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -192,8 +199,20 @@ def _random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray
 # ------------------------------------------------------------------ learner side
 
 
-TIME_MAJOR = {"obs", "state", "avail_actions", "active", "first", "action", "last_action", "reward", "terminated",
-              "done", "valid", "won"}
+TIME_MAJOR = {
+    "obs",
+    "state",
+    "avail_actions",
+    "active",
+    "first",
+    "action",
+    "last_action",
+    "reward",
+    "terminated",
+    "done",
+    "valid",
+    "won",
+}
 
 
 class QMIXLearner:
@@ -262,11 +281,18 @@ class QMIXLearner:
         q_tot = self.mixer(chosen.reshape(-1, chosen.shape[-1]), states.reshape(-1, states.shape[-1])).view(T, -1)
         with torch.no_grad():
             next_q = double_q_next(q[1:].detach(), q_target[1:], avail[1:])  # [T, B, n]
-            next_q_tot = self.target_mixer(next_q.reshape(-1, next_q.shape[-1]),
-                                           next_states.reshape(-1, next_states.shape[-1])).view(T, -1)
-            targets = td_lambda_targets(b["reward"].transpose(0, 1).float(), next_q_tot, next_q_tot[-1],
-                                        b["done"].transpose(0, 1), b["terminated"].transpose(0, 1), c.gamma,
-                                        c.td_lambda)
+            next_q_tot = self.target_mixer(
+                next_q.reshape(-1, next_q.shape[-1]), next_states.reshape(-1, next_states.shape[-1])
+            ).view(T, -1)
+            targets = td_lambda_targets(
+                b["reward"].transpose(0, 1).float(),
+                next_q_tot,
+                next_q_tot[-1],
+                b["done"].transpose(0, 1),
+                b["terminated"].transpose(0, 1),
+                c.gamma,
+                c.td_lambda,
+            )
         valid = b["valid"].transpose(0, 1).float()
         td = (q_tot - targets) * valid
         loss = td.pow(2).sum() / valid.sum().clamp(min=1.0)
@@ -274,8 +300,13 @@ class QMIXLearner:
         self.updates += 1
         if self.updates % c.target_update_interval == 0:
             self._sync_targets()
-        return {"loss": float(loss.detach()), "q_tot_mean": float((q_tot.detach() * valid).sum() / valid.sum().clamp(min=1.0)),
-                "grad_norm": float(step["grad_norm"]), "lr": step["lr"], "replay_sequences": float(len(self.replay))}
+        return {
+            "loss": float(loss.detach()),
+            "q_tot_mean": float((q_tot.detach() * valid).sum() / valid.sum().clamp(min=1.0)),
+            "grad_norm": float(step["grad_norm"]),
+            "lr": step["lr"],
+            "replay_sequences": float(len(self.replay)),
+        }
 
     def weights(self) -> Arrays:
         return module_weights(self.agent)
@@ -287,9 +318,14 @@ class QMIXLearner:
         return self.optimizer.moments()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.agent.state_dict(), "mixer": self.mixer.state_dict(),
-                "target_agent": self.target_agent.state_dict(), "target_mixer": self.target_mixer.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        return {
+            "net": self.agent.state_dict(),
+            "mixer": self.mixer.state_dict(),
+            "target_agent": self.target_agent.state_dict(),
+            "target_mixer": self.target_mixer.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.agent.load_state_dict(state["net"])

@@ -14,27 +14,44 @@ DEFAULT_ENV_ID = "CartPole-v1"
 
 class EnvConfig(Section):
     id: str | None = Field(
-        None, description="Gymnasium environment id (CartPole-v1), or 'module:EnvId' for your own environment: the "
+        None,
+        description="Gymnasium environment id (CartPole-v1), or 'module:EnvId' for your own environment: the "
         "module is imported first (in every process) so that its gymnasium.register calls run; 'ALE/Pong-v5' "
         "for Atari; 'smax:3m' (any SMAX map) or 'pettingzoo:mpe2.simple_spread_v3' (a PettingZoo parallel env "
         "module) for cooperative multi-agent training. "
-        f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.")
+        f"Default {DEFAULT_ENV_ID} unless env.entry_point is set.",
+    )
     entry_point: str | None = Field(
-        None, description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
-        "env.kwargs; for environments that are not registered. Set this or env.id, not both.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make "
-                                   "(registered ids), the env.entry_point factory, or ale-py's AtariVectorEnv "
-                                   "(ALE/ ids, e.g. repeat_action_probability: 0.25 for sticky actions).")
+        None,
+        description="'package.module:factory': a class or function returning a gymnasium.Env, called with "
+        "env.kwargs; for environments that are not registered. Set this or env.id, not both.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for gymnasium.make "
+        "(registered ids), the env.entry_point factory, or ale-py's AtariVectorEnv "
+        "(ALE/ ids, e.g. repeat_action_probability: 0.25 for sticky actions).",
+    )
     crop: tuple[int, int, int, int] | None = Field(
-        None, description="ALE/ ids: [top, bottom, left, right], the rows and columns of each (resized) frame to "
-        "keep, e.g. Pong's playfield without the score at 84x84: [14, 78, 0, 84] (null: the whole frame).")
-    pool: int = Field(1, ge=1, le=8, description="ALE/ ids: max-pool each frame (after the crop) in pool x pool "
-                      "blocks. It shrinks the frame like a resize, but keeps a thin bright object at full contrast "
-                      "(Pong's ball: 139 of 149 grey levels at 84x84 pooled to 42, 58 when the screen is resized "
-                      "to 42x42).")
+        None,
+        description="ALE/ ids: [top, bottom, left, right], the rows and columns of each (resized) frame to "
+        "keep, e.g. Pong's playfield without the score at 84x84: [14, 78, 0, 84] (null: the whole frame).",
+    )
+    pool: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="ALE/ ids: max-pool each frame (after the crop) in pool x pool "
+        "blocks. It shrinks the frame like a resize, but keeps a thin bright object at full contrast "
+        "(Pong's ball: 139 of 149 grey levels at 84x84 pooled to 42, 58 when the screen is resized "
+        "to 42x42).",
+    )
     reward_clip: float | None = Field(
-        None, gt=0, description="Clip rewards to [-reward_clip, reward_clip] for training only; returns in the "
-        "metrics and the stop target stay the real game score (Atari presets: 1).")
+        None,
+        gt=0,
+        description="Clip rewards to [-reward_clip, reward_clip] for training only; returns in the "
+        "metrics and the stop target stay the real game score (Atari presets: 1).",
+    )
 
     @field_validator("entry_point")
     @classmethod
@@ -49,8 +66,10 @@ class EnvConfig(Section):
         if value is not None:
             top, bottom, left, right = value
             if not (0 <= top < bottom and 0 <= left < right):
-                raise ValueError(f"expected [top, bottom, left, right] with 0 <= top < bottom and 0 <= left < right, "
-                                 f"got {list(value)}")
+                raise ValueError(
+                    f"expected [top, bottom, left, right] with 0 <= top < bottom and 0 <= left < right, "
+                    f"got {list(value)}"
+                )
         return value
 
     @model_validator(mode="before")
@@ -64,7 +83,7 @@ class EnvConfig(Section):
         return data
 
     @model_validator(mode="after")
-    def _frames_of_atari(self) -> "EnvConfig":
+    def _frames_of_atari(self) -> EnvConfig:
         if (self.crop is not None or self.pool > 1) and not (self.id or "").startswith("ALE/"):
             raise ValueError(f"env.crop and env.pool apply to Atari (ALE/ ids), not to {self.describe()}")
         return self

@@ -19,8 +19,9 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -34,8 +35,9 @@ def _import_module(module: str, field: str) -> Any:
     try:
         return importlib.import_module(module)
     except Exception as exc:  # the user's module may fail in any way while importing
-        raise ConfigError(f"{field}: cannot import module {module!r} ({type(exc).__name__}: {exc}); "
-                          "is it installed or on PYTHONPATH?") from None
+        raise ConfigError(
+            f"{field}: cannot import module {module!r} ({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH?"
+        ) from None
 
 
 def _ids_registered_by(module: str) -> list[str]:
@@ -43,8 +45,11 @@ def _ids_registered_by(module: str) -> list[str]:
         entry = spec.entry_point
         return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
 
-    return sorted(env_id for env_id, spec in gym.registry.items()
-                  if origin(spec) == module or origin(spec).startswith(module + "."))
+    return sorted(
+        env_id
+        for env_id, spec in gym.registry.items()
+        if origin(spec) == module or origin(spec).startswith(module + ".")
+    )
 
 
 def registered_spec(env_id: str) -> Any:
@@ -57,12 +62,19 @@ def registered_spec(env_id: str) -> Any:
     except gym.error.Error as exc:
         if module:
             theirs = _ids_registered_by(module)
-            found = f"it registered {', '.join(theirs)}" if theirs else "it registered none (call gymnasium.register at import)"
-            raise ConfigError(f"env.id: module {module!r} was imported but registered no environment {name!r}; "
-                              f"{found}") from None
+            found = (
+                f"it registered {', '.join(theirs)}"
+                if theirs
+                else "it registered none (call gymnasium.register at import)"
+            )
+            raise ConfigError(
+                f"env.id: module {module!r} was imported but registered no environment {name!r}; {found}"
+            ) from None
         known = ", ".join(sorted(k for k in gym.registry if "/" not in k)[:8])
-        raise ConfigError(f"env.id: unknown Gymnasium environment {env_id!r} ({exc}); e.g. {known}, ...; "
-                          "for your own environment use 'module:EnvId' or env.entry_point") from None
+        raise ConfigError(
+            f"env.id: unknown Gymnasium environment {env_id!r} ({exc}); e.g. {known}, ...; "
+            "for your own environment use 'module:EnvId' or env.entry_point"
+        ) from None
 
 
 def env_factory(entry_point: str) -> Callable[..., Any]:
@@ -74,8 +86,10 @@ def env_factory(entry_point: str) -> Callable[..., Any]:
             raise ConfigError(f"env.entry_point: module {module!r} has no attribute {attribute!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise ConfigError(f"env.entry_point: {entry_point!r} is a {type(target).__name__}, expected a class or "
-                          "function returning a gymnasium.Env")
+        raise ConfigError(
+            f"env.entry_point: {entry_point!r} is a {type(target).__name__}, expected a class or "
+            "function returning a gymnasium.Env"
+        )
     return target
 
 
@@ -98,12 +112,13 @@ def is_atari(cfg: EnvConfig) -> bool:
 
 def atari_game(env_id: str) -> str:
     """'ALE/SpaceInvaders-v5' -> 'space_invaders' (ale-py's ROM id)."""
-    name = env_id[len(ATARI_PREFIX):].split("-")[0]
+    name = env_id[len(ATARI_PREFIX) :].split("-")[0]
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def make_atari(cfg: EnvConfig, num_envs: int, threads: int, screen: dict[str, Any] | None = None
-               ) -> gym.vector.VectorEnv:
+def make_atari(
+    cfg: EnvConfig, num_envs: int, threads: int, screen: dict[str, Any] | None = None
+) -> gym.vector.VectorEnv:
     """ale-py's native vector env (its C++ thread pool) with the Nature/DQN preprocessing: 84x84 grey,
     frame skip 4 with max-pool, 4 stacked frames, up to 30 no-ops and fire on reset, no sticky actions
     (the published Pong protocol), episodes of at most 108,000 frames; raw game score as reward
@@ -117,10 +132,23 @@ def make_atari(cfg: EnvConfig, num_envs: int, threads: int, screen: dict[str, An
     game = atari_game(cfg.id)
     if game not in roms.get_all_rom_ids():
         raise ConfigError(f"env.id: ale-py has no game {game!r} (from {cfg.id!r}); e.g. ALE/Pong-v5, ALE/Breakout-v5")
-    options = {"repeat_action_probability": 0.0, "noop_max": 30, "use_fire_reset": True, "frameskip": 4,
-               "stack_num": 4, "img_height": 84, "img_width": 84, "grayscale": True, "maxpool": True,
-               "reward_clipping": False, "episodic_life": False, "max_num_frames_per_episode": 108_000,
-               "num_threads": threads, **cfg.kwargs, **(screen or {})}
+    options = {
+        "repeat_action_probability": 0.0,
+        "noop_max": 30,
+        "use_fire_reset": True,
+        "frameskip": 4,
+        "stack_num": 4,
+        "img_height": 84,
+        "img_width": 84,
+        "grayscale": True,
+        "maxpool": True,
+        "reward_clipping": False,
+        "episodic_life": False,
+        "max_num_frames_per_episode": 108_000,
+        "num_threads": threads,
+        **cfg.kwargs,
+        **(screen or {}),
+    }
     try:
         return AtariVectorEnv(game, num_envs, **options)
     except TypeError as exc:
@@ -136,7 +164,9 @@ class FrameView(gym.vector.VectorObservationWrapper):
         super().__init__(env)
         space = env.single_observation_space
         stack, height, width = space.shape
-        self.rows, self.cols = (slice(crop[0], crop[1]), slice(crop[2], crop[3])) if crop else (slice(None), slice(None))
+        self.rows, self.cols = (
+            (slice(crop[0], crop[1]), slice(crop[2], crop[3])) if crop else (slice(None), slice(None))
+        )
         height, width = len(range(height)[self.rows]), len(range(width)[self.cols])
         self.pool = pool
         self.shape = (stack, height // pool, width // pool)
@@ -159,8 +189,10 @@ def frame_view(envs: gym.vector.VectorEnv, cfg: EnvConfig) -> gym.vector.VectorE
         return envs
     shape = envs.single_observation_space.shape
     if len(shape) != 3:
-        raise ConfigError(f"env.crop / env.pool need grey stacked frames [stack, height, width], got observations "
-                          f"shaped {shape} (set env.kwargs.grayscale true)")
+        raise ConfigError(
+            f"env.crop / env.pool need grey stacked frames [stack, height, width], got observations "
+            f"shaped {shape} (set env.kwargs.grayscale true)"
+        )
     if cfg.crop is not None and (cfg.crop[1] > shape[1] or cfg.crop[3] > shape[2]):
         raise ConfigError(f"env.crop {list(cfg.crop)}: the frames are {shape[1]}x{shape[2]}")
     view = FrameView(envs, cfg.crop, cfg.pool)

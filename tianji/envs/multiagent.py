@@ -38,20 +38,40 @@ from tianji.sections import ConfigError
 SMAX_PREFIX = "smax:"
 PETTINGZOO_PREFIX = "pettingzoo:"
 # SMAC's episode limits (steps); a map not listed keeps SMAX's default
-SMAC_EPISODE_LIMITS = {"3m": 60, "8m": 120, "25m": 150, "2s3z": 120, "3s5z": 150, "5m_vs_6m": 70, "8m_vs_9m": 120,
-                       "10m_vs_11m": 150, "27m_vs_30m": 180, "3s5z_vs_3s6z": 170, "3s_vs_5z": 250, "6h_vs_8z": 150,
-                       "MMM": 150, "MMM2": 180, "2s_vs_1sc": 300, "3s_vs_3z": 150, "3s_vs_4z": 200, "2m_vs_1z": 150,
-                       "so_many_banelings": 100, "corridor": 400, "bane_vs_bane": 200, "1c3s5z": 180}
+SMAC_EPISODE_LIMITS = {
+    "3m": 60,
+    "8m": 120,
+    "25m": 150,
+    "2s3z": 120,
+    "3s5z": 150,
+    "5m_vs_6m": 70,
+    "8m_vs_9m": 120,
+    "10m_vs_11m": 150,
+    "27m_vs_30m": 180,
+    "3s5z_vs_3s6z": 170,
+    "3s_vs_5z": 250,
+    "6h_vs_8z": 150,
+    "MMM": 150,
+    "MMM2": 180,
+    "2s_vs_1sc": 300,
+    "3s_vs_3z": 150,
+    "3s_vs_4z": 200,
+    "2m_vs_1z": 150,
+    "so_many_banelings": 100,
+    "corridor": 400,
+    "bane_vs_bane": 200,
+    "1c3s5z": 180,
+}
 
 
 def is_multiagent(cfg: EnvConfig) -> bool:
     return cfg.id is not None and cfg.id.startswith((SMAX_PREFIX, PETTINGZOO_PREFIX))
 
 
-def make_multiagent(cfg: EnvConfig, num_envs: int) -> "MultiAgentVectorEnv":
+def make_multiagent(cfg: EnvConfig, num_envs: int) -> MultiAgentVectorEnv:
     if cfg.id.startswith(SMAX_PREFIX):
-        return SmaxVectorEnv(cfg.id[len(SMAX_PREFIX):], num_envs, **cfg.kwargs)
-    return PettingZooVectorEnv(cfg.id[len(PETTINGZOO_PREFIX):], num_envs, cfg.kwargs)
+        return SmaxVectorEnv(cfg.id[len(SMAX_PREFIX) :], num_envs, **cfg.kwargs)
+    return PettingZooVectorEnv(cfg.id[len(PETTINGZOO_PREFIX) :], num_envs, cfg.kwargs)
 
 
 _SIZES: dict[str, tuple[int, int, int, int]] = {}  # env config -> (agents, obs, state, actions), per process
@@ -64,8 +84,10 @@ def multiagent_spaces(cfg: EnvConfig) -> tuple[gym.spaces.Dict, gym.spaces.Multi
     key = json.dumps([cfg.id, cfg.kwargs], sort_keys=True, default=str)
     if key not in _SIZES:
         if cfg.id.startswith(SMAX_PREFIX):
-            name = cfg.id[len(SMAX_PREFIX):]
-            _SIZES[key] = smax_sizes(name, cfg.kwargs) if "jax" in sys.modules else _smax_sizes_in_child(name, cfg.kwargs)
+            name = cfg.id[len(SMAX_PREFIX) :]
+            _SIZES[key] = (
+                smax_sizes(name, cfg.kwargs) if "jax" in sys.modules else _smax_sizes_in_child(name, cfg.kwargs)
+            )
         else:
             envs = make_multiagent(cfg, 1)
             _SIZES[key] = envs.sizes
@@ -87,8 +109,13 @@ except ConfigError as exc:
 
 def _smax_sizes_in_child(map_name: str, kwargs: dict[str, Any]) -> tuple[int, int, int, int]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([map_name, kwargs])], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps([map_name, kwargs])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     lines = out.stdout.strip().splitlines()
     reply = json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr.strip()[-2000:]}
     if "error" in reply:
@@ -97,13 +124,15 @@ def _smax_sizes_in_child(map_name: str, kwargs: dict[str, Any]) -> tuple[int, in
 
 
 def observation_space(n: int, obs_dim: int, state_dim: int, actions: int) -> gym.spaces.Dict:
-    return gym.spaces.Dict({
-        "obs": gym.spaces.Box(-np.inf, np.inf, (n, obs_dim), np.float32),
-        "state": gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
-        "avail_actions": gym.spaces.MultiBinary((n, actions)),
-        "active": gym.spaces.MultiBinary(n),
-        "first": gym.spaces.MultiBinary(1),
-    })
+    return gym.spaces.Dict(
+        {
+            "obs": gym.spaces.Box(-np.inf, np.inf, (n, obs_dim), np.float32),
+            "state": gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
+            "avail_actions": gym.spaces.MultiBinary((n, actions)),
+            "active": gym.spaces.MultiBinary(n),
+            "first": gym.spaces.MultiBinary(1),
+        }
+    )
 
 
 class MultiAgentVectorEnv:
@@ -164,8 +193,13 @@ def make_smax(map_name: str, kwargs: dict[str, Any]) -> Any:
         scenario = map_name_to_scenario(map_name)
     except KeyError:
         raise ConfigError(f"env.id: SMAX has no map {map_name!r}; e.g. 3m, 8m, 2s3z, 3s5z, 5m_vs_6m") from None
-    options = {"see_enemy_actions": True, "walls_cause_death": True, "attack_mode": "closest",
-               "max_steps": SMAC_EPISODE_LIMITS.get(map_name, 100), **kwargs}
+    options = {
+        "see_enemy_actions": True,
+        "walls_cause_death": True,
+        "attack_mode": "closest",
+        "max_steps": SMAC_EPISODE_LIMITS.get(map_name, 100),
+        **kwargs,
+    }
     # SMAX itself ends an episode one step after max_steps; the adapter counts steps and truncates
     # at the limit itself, so SMAX's own time-out never fires first
     limit = options["max_steps"]
@@ -184,8 +218,12 @@ def smax_sizes(map_name: str, kwargs: dict[str, Any], env: Any = None) -> tuple[
 
     obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0))
     first = env.agents[0]
-    return (env.num_allies, int(env.observation_spaces[first].shape[0]), int(obs["world_state"].shape[-1]),
-            int(env.action_spaces[first].n))
+    return (
+        env.num_allies,
+        int(env.observation_spaces[first].shape[0]),
+        int(obs["world_state"].shape[-1]),
+        int(env.action_spaces[first].n),
+    )
 
 
 def world_state_scale(env: Any) -> np.ndarray:
@@ -219,8 +257,12 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
         def observe(obs, state):
             avail = env.get_avail_actions(state)
             alive = state.state.unit_alive[:allies]
-            return (jnp.stack([obs[a] for a in agents]), obs["world_state"] * state_scale,
-                    jnp.stack([avail[a] for a in agents]).astype(bool), alive)
+            return (
+                jnp.stack([obs[a] for a in agents]),
+                obs["world_state"] * state_scale,
+                jnp.stack([avail[a] for a in agents]).astype(bool),
+                alive,
+            )
 
         def reset_one(key):
             obs, state = env.reset(key)
@@ -228,7 +270,9 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
 
         def step_one(key, state, actions, needs_reset):
             step_key, reset_key = jax.random.split(key)
-            obs_s, state_s, rewards, dones, _ = env.step_env(step_key, state, {a: actions[i] for i, a in enumerate(agents)})
+            obs_s, state_s, rewards, dones, _ = env.step_env(
+                step_key, state, {a: actions[i] for i, a in enumerate(agents)}
+            )
             alive = state_s.state.unit_alive
             won = jnp.all(~alive[allies:]) & jnp.any(alive[:allies])
             terminated = jnp.all(~alive[:allies]) | jnp.all(~alive[allies:])
@@ -265,14 +309,23 @@ class SmaxVectorEnv(MultiAgentVectorEnv):
         self._t = np.where(first, 0, self._t + 1)
         truncated = (self._t >= self.max_steps) & ~terminated
         self._needs_reset = terminated | truncated
-        return (self._dict(obs, world, avail, alive, first), np.array(reward, np.float32), terminated, truncated,
-                {"won": np.array(won)})
+        return (
+            self._dict(obs, world, avail, alive, first),
+            np.array(reward, np.float32),
+            terminated,
+            truncated,
+            {"won": np.array(won)},
+        )
 
     def _dict(self, obs, world, avail, alive, first) -> dict[str, np.ndarray]:
         # copies: JAX hands out read-only buffers, torch wants writable ones
-        return {"obs": np.array(obs, np.float32), "state": np.array(world, np.float32),
-                "avail_actions": np.array(avail, bool), "active": np.array(alive, bool),
-                "first": np.asarray(first, bool).reshape(self.num_envs, 1)}
+        return {
+            "obs": np.array(obs, np.float32),
+            "state": np.array(world, np.float32),
+            "avail_actions": np.array(avail, bool),
+            "active": np.array(alive, bool),
+            "first": np.asarray(first, bool).reshape(self.num_envs, 1),
+        }
 
 
 # ---------------------------------------------------------------- PettingZoo
@@ -289,8 +342,10 @@ class PettingZooVectorEnv(MultiAgentVectorEnv):
         try:
             maker = importlib.import_module(module)
         except Exception as exc:
-            raise ConfigError(f"env.id: cannot import PettingZoo module {module!r} ({type(exc).__name__}: {exc}); "
-                              "pip install 'tianji[pettingzoo]' or the package that provides it") from None
+            raise ConfigError(
+                f"env.id: cannot import PettingZoo module {module!r} ({type(exc).__name__}: {exc}); "
+                "pip install 'tianji[pettingzoo]' or the package that provides it"
+            ) from None
         if not hasattr(maker, "parallel_env"):
             raise ConfigError(f"env.id: {module!r} has no parallel_env(); expected a PettingZoo environment module")
         try:
@@ -302,8 +357,9 @@ class PettingZooVectorEnv(MultiAgentVectorEnv):
         self.agents = list(env.possible_agents)
         spaces = [env.action_space(a) for a in self.agents]
         if not all(isinstance(s, gym.spaces.Discrete) for s in spaces):
-            raise ConfigError(f"env.id: {module} has non-discrete actions {spaces[0]}; QMIX and MAPPO here take "
-                              "Discrete actions")
+            raise ConfigError(
+                f"env.id: {module} has non-discrete actions {spaces[0]}; QMIX and MAPPO here take Discrete actions"
+            )
         self.obs_dim = max(int(np.prod(env.observation_space(a).shape)) for a in self.agents)
         self.actions = max(int(s.n) for s in spaces)
         self._has_state = True
@@ -333,8 +389,14 @@ class PettingZooVectorEnv(MultiAgentVectorEnv):
         self._last[i] = {
             "obs": np.stack([self._pad(observations.get(a)) for a in self.agents]),
             "state": self._state_of(env, observations),
-            "avail_actions": np.array([[j < env.action_space(a).n for j in range(self.actions)] if a in env.agents
-                                       else [j == 0 for j in range(self.actions)] for a in self.agents]),
+            "avail_actions": np.array(
+                [
+                    [j < env.action_space(a).n for j in range(self.actions)]
+                    if a in env.agents
+                    else [j == 0 for j in range(self.actions)]
+                    for a in self.agents
+                ]
+            ),
             "active": np.array([a in env.agents for a in self.agents]),
         }
 

@@ -128,8 +128,9 @@ class CreditLedger:
             actor.arrived.discard(slot)
             actor.held.append(slot)
 
-    def grant(self, version: int, versions_per_fragment: float, published: int | None = None
-              ) -> list[tuple[bytes, int, int]]:
+    def grant(
+        self, version: int, versions_per_fragment: float, published: int | None = None
+    ) -> list[tuple[bytes, int, int]]:
         """Slots to grant now, as (identity, slot, min_version); fewest-in-flight actors first.
         `published`: the newest weights actors can get (default `version`); a grant asks for them."""
         published = version if published is None else published
@@ -193,9 +194,11 @@ class RateLimiter:
 
         Never blocks both sides: when inserting is blocked, sampling is allowed.
         """
-        allowed = (self.target is None
-                   or self.samples_trained + samples <= self.high * self.steps_inserted
-                   or self.samples_trained < self.low * self.steps_inserted)
+        allowed = (
+            self.target is None
+            or self.samples_trained + samples <= self.high * self.steps_inserted
+            or self.samples_trained < self.low * self.steps_inserted
+        )
         return self._note("sample", allowed)
 
     def _note(self, side: str, allowed: bool) -> bool:

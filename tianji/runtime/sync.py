@@ -28,8 +28,8 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,16 +51,27 @@ class GroupSpec:
 
 def rendezvous_store(spec: GroupSpec) -> dist.TCPStore:
     """Rank 0 listens (port 0: a free one, see `.port`); the others connect."""
-    return dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=spec.rank == 0,
-                         timeout=datetime.timedelta(seconds=spec.timeout_s), wait_for_workers=False)
+    return dist.TCPStore(
+        spec.host,
+        spec.port,
+        spec.world_size,
+        is_master=spec.rank == 0,
+        timeout=datetime.timedelta(seconds=spec.timeout_s),
+        wait_for_workers=False,
+    )
 
 
 def join_group(spec: GroupSpec, store: dist.TCPStore | None = None) -> None:
     """Form the process group (blocks until every rank has joined or the timeout passes)."""
     if spec.host.startswith("127.") and spec.backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: keep the group on loopback
-    dist.init_process_group(spec.backend, store=store or rendezvous_store(spec), rank=spec.rank,
-                            world_size=spec.world_size, timeout=datetime.timedelta(seconds=spec.timeout_s))
+    dist.init_process_group(
+        spec.backend,
+        store=store or rendezvous_store(spec),
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=datetime.timedelta(seconds=spec.timeout_s),
+    )
 
 
 def leave_group() -> None:
@@ -96,9 +107,12 @@ def measure_group(parameters: int, device: torch.device | str = "cpu", repeats: 
     wide_s = full if wide is bucket else mean_s(wide)
     world = dist.get_world_size()
     moved = 2 * (world - 1) / world * wide.element_size() * wide.numel()
-    return {"allreduce_latency_s": latency, "allreduce_bucket_bytes": float(bucket.element_size() * bucket.numel()),
-            "allreduce_bucket_s": full, "allreduce_bytes_per_s": moved / (wide_s - latency if wide_s > 2 * latency
-                                                                           else wide_s)}
+    return {
+        "allreduce_latency_s": latency,
+        "allreduce_bucket_bytes": float(bucket.element_size() * bucket.numel()),
+        "allreduce_bucket_s": full,
+        "allreduce_bytes_per_s": moved / (wide_s - latency if wide_s > 2 * latency else wide_s),
+    }
 
 
 def probe_group(spec: GroupSpec, parameters: int) -> dict[str, float]:
@@ -129,7 +143,7 @@ def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offset: int 
     with torch.no_grad():
         for t in tensors:
             n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
+            t.copy_(flat[offset : offset + n].view_as(t))
             offset += n
 
 
@@ -176,7 +190,7 @@ class GradientAllreduce(NoSync):
             self.stopped = True
             raise GroupStopping("a learner of the group is stopping")
         flat[1:] /= self.world_size
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             if p.grad is None:
                 p.grad = g
         _unflatten(flat, [p.grad for p in params], offset=1)

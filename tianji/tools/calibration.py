@@ -16,8 +16,9 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -83,8 +84,9 @@ def with_layout(cfg: Config, actors: int, envs: int, fragment_steps: int, learne
     return build_config(raw)
 
 
-def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5,
-              group: bool = False) -> Calibration:
+def calibrate(
+    cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner_seconds: float = 2.5, group: bool = False
+) -> Calibration:
     """Measure one learner and one actor per envs-per-actor value, each on one core, in this process;
     the cores all busy at once, and a learner group of two when the space plans learners or `group`
     asks (a cluster what-if), in processes forked from it."""
@@ -100,14 +102,24 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
     if group or max(space.learners) > 1:
         costs = measure_local_group(parameters)
         probed = costs["allreduce_latency_s"] / 2  # a ring of two: two messages
-        sync = {"sync_latency_s": probed, "probe_latency_s": probed,
-                "sync_bytes_per_s": costs["allreduce_bytes_per_s"], "sync_measured": True}
+        sync = {
+            "sync_latency_s": probed,
+            "probe_latency_s": probed,
+            "sync_bytes_per_s": costs["allreduce_bytes_per_s"],
+            "sync_measured": True,
+        }
         if cores >= 2:  # what a step's collective really costs two training learners
             grouped = measure_group_training(layout, learner_rate / steps_per_update)
             two_busy = learner_rate * efficiency_at(efficiency, 2, cores)  # what each would do without the group
             sync["group_learner_rate"] = grouped
-            sync["sync_latency_s"] = message_latency(grouped, two_busy, steps_per_update, gradient_steps,
-                                                     4 * parameters / costs["allreduce_bytes_per_s"], probed)
+            sync["sync_latency_s"] = message_latency(
+                grouped,
+                two_busy,
+                steps_per_update,
+                gradient_steps,
+                4 * parameters / costs["allreduce_bytes_per_s"],
+                probed,
+            )
     rates = {}
     for k in space.envs:
         actor = build_actor(with_layout(cfg, 1, k, space.fragment_steps), 0)
@@ -117,8 +129,17 @@ def calibrate(cfg: Config, space: Space, seconds_per_actor: float = 1.0, learner
             steps += actor.collect().env_steps
         rates[k] = steps / (time.perf_counter() - t0)
         actor.envs.close()
-    return Calibration(rates, learner_rate, steps_per_update, space.fragment_steps, time.perf_counter() - started,
-                       gradient_steps, parameters, core_efficiency=efficiency, **sync)
+    return Calibration(
+        rates,
+        learner_rate,
+        steps_per_update,
+        space.fragment_steps,
+        time.perf_counter() - started,
+        gradient_steps,
+        parameters,
+        core_efficiency=efficiency,
+        **sync,
+    )
 
 
 def efficiency_at(core_efficiency: float, cores_in_use: float, cores: int) -> float:
@@ -147,16 +168,20 @@ def _timed_learner(layout: Config, seconds: float, start: Any) -> float:
     return _learner_rate(layout, seconds, start)[0]
 
 
-def measure_group_training(layout: Config, updates_per_s: float, seconds: float = 2.0,
-                           timeout_s: float = 60.0) -> float:
+def measure_group_training(
+    layout: Config, updates_per_s: float, seconds: float = 2.0, timeout_s: float = 60.0
+) -> float:
     """Env steps/s each of two learners consumes when they train as an allreduce group on this machine
     (gloo over loopback, a core each): every optimizer step's collective at its real cost, the long
     tail of its waits, the flattening and the slower of the two included."""
     updates = max(3, round(seconds * updates_per_s))  # the same count on both: neither is left waiting
     port = free_loopback_port()
-    rates = in_processes("learner group training", _group_learner,
-                         [(on_cpu(layout), GroupSpec(rank, 2, "127.0.0.1", port, timeout_s), updates)
-                          for rank in range(2)], timeout_s + 60)
+    rates = in_processes(
+        "learner group training",
+        _group_learner,
+        [(on_cpu(layout), GroupSpec(rank, 2, "127.0.0.1", port, timeout_s), updates) for rank in range(2)],
+        timeout_s + 60,
+    )
     return sum(rates) / len(rates)
 
 
@@ -168,8 +193,14 @@ def _group_learner(layout: Config, spec: GroupSpec, updates: int) -> float:
         leave_group()
 
 
-def message_latency(group_rate: float, learner_rate: float, steps_per_update: float, optimizer_steps: float,
-                    bucket_s: float, probed: float) -> float:
+def message_latency(
+    group_rate: float,
+    learner_rate: float,
+    steps_per_update: float,
+    optimizer_steps: float,
+    bucket_s: float,
+    probed: float,
+) -> float:
     """One collective message's cost as two training learners pay it: what a step of theirs takes
     beyond a learner's alone (`learner_rate`: with as many cores busy), less the bucket's transfer,
     over the ring's two messages (never below what the probe measured)."""
@@ -182,20 +213,25 @@ def measure_local_group(parameters: int, learners: int = 2, timeout_s: float = 6
     over loopback and run the probe every learner group runs at start (`probe_group`), with a
     bucket of the model's size."""
     port = free_loopback_port()
-    return in_processes("learner group probe", probe_group, [(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s),
-                                                              parameters) for rank in range(learners)],
-                        timeout_s + 30)[0]
+    return in_processes(
+        "learner group probe",
+        probe_group,
+        [(GroupSpec(rank, learners, "127.0.0.1", port, timeout_s), parameters) for rank in range(learners)],
+        timeout_s + 30,
+    )[0]
 
 
-def in_processes(what: str, target: Callable[..., Any], args: list[tuple[Any, ...]],
-                 timeout_s: float = 120.0) -> list[Any]:
+def in_processes(
+    what: str, target: Callable[..., Any], args: list[tuple[Any, ...]], timeout_s: float = 120.0
+) -> list[Any]:
     """`target(*a)` for each `a` in `args`, each in a process forked (or spawned) from this one, on
     one torch thread; their results in order. A child's exception, or one that dies or does not
     finish within `timeout_s`, is a RuntimeError naming `what`; the others are stopped."""
     ctx = process_context()
     results = ctx.Queue()
-    processes = [ctx.Process(target=_child, args=(results, index, target, a, os.getpid()))
-                 for index, a in enumerate(args)]
+    processes = [
+        ctx.Process(target=_child, args=(results, index, target, a, os.getpid())) for index, a in enumerate(args)
+    ]
     for process in processes:
         process.start()
     got: dict[int, Any] = {}
@@ -207,7 +243,9 @@ def in_processes(what: str, target: Callable[..., Any], args: list[tuple[Any, ..
             except queue.Empty:
                 dead = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"{what}: a process {'exited with ' + str(dead[0]) if dead else 'timed out'}")
+                    raise RuntimeError(
+                        f"{what}: a process {'exited with ' + str(dead[0]) if dead else 'timed out'}"
+                    ) from None
                 continue
             if status == "error":
                 raise RuntimeError(f"{what}: {value}")
@@ -249,8 +287,9 @@ class _CountingHook:
             self.group_sync.gradients(params)
 
 
-def _learner_rate(layout: Config, seconds: float, start: Any = None, group_sync: Any = None,
-                  updates: int | None = None) -> tuple[float, float, float, int]:
+def _learner_rate(
+    layout: Config, seconds: float, start: Any = None, group_sync: Any = None, updates: int | None = None
+) -> tuple[float, float, float, int]:
     """Env steps/s one learner consumes, fed as fast as its balance rules allow; env steps, optimizer
     steps per update, and the number of trained parameters. `start`: a barrier to time from, after
     the warm-up (several copies timing the same window). `group_sync`: the learner's group (then

@@ -55,8 +55,13 @@ class ScreenTwin:
         self.envs.close()
 
 
-def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, seed: int = 12345,
-                 view: Literal["screen", "agent"] = "screen") -> dict[str, Any]:
+def evaluate_run(
+    run_dir: Path,
+    episodes: int = 10,
+    video: Path | None = None,
+    seed: int = 12345,
+    view: Literal["screen", "agent"] = "screen",
+) -> dict[str, Any]:
     """`view` (Atari videos): the game's own screen in colour, or the frames the agent sees."""
     if episodes < 1:
         raise ConfigError("--episodes: expected at least 1")
@@ -81,10 +86,17 @@ def evaluate_run(run_dir: Path, episodes: int = 10, video: Path | None = None, s
     finally:
         envs.close()
     returns = played.returns
-    result = {"run_dir": str(run_dir), "policy_version": int(state["version"]), "episodes": episodes,
-              "mean": float(returns.mean()), "std": float(returns.std()), "min": float(returns.min()),
-              "max": float(returns.max()), "length_mean": float(played.lengths.mean()),
-              "returns": [float(r) for r in returns]}
+    result = {
+        "run_dir": str(run_dir),
+        "policy_version": int(state["version"]),
+        "episodes": episodes,
+        "mean": float(returns.mean()),
+        "std": float(returns.std()),
+        "min": float(returns.min()),
+        "max": float(returns.max()),
+        "length_mean": float(played.lengths.mean()),
+        "returns": [float(r) for r in returns],
+    }
     if played.won is not None:
         result["win_rate"] = float(played.won.mean())
     if video is not None:
@@ -102,6 +114,7 @@ def _policy(cfg: Config, envs: Any, state: dict[str, Any]) -> Any:
 def _recorder(envs: Any, frames: list[np.ndarray]):
     """Frames of the first env while its first episode runs: what the env renders (rgb_array), or,
     for envs that cannot render (Atari's native vector env), the newest frame the agent sees."""
+
     def record(obs: np.ndarray, running: np.ndarray) -> None:
         if not running[0]:
             return
@@ -111,6 +124,7 @@ def _recorder(envs: Any, frames: list[np.ndarray]):
             raise ConfigError(f"--video: the env cannot render without an extra package: {exc}") from None
         first = None if isinstance(obs, dict) else obs[0]
         frames.append(np.asarray(rendered[0]) if rendered is not None else _frame_of(first))
+
     return record
 
 

@@ -28,6 +28,7 @@ with the learner the bottleneck in both), then keep envs per actor near the conf
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -82,8 +83,11 @@ def layout_space(cfg: Config, cores: int, plan_envs: bool, plan_actors: bool, pl
     steps = k0 * t.fragment_length
     envs = [k for k in ENV_CHOICES if k <= steps] or [k0] if plan_envs else [k0]
     limit = min(MAX_ACTORS, 2 * cores)
-    actors = sorted({a for a in ACTOR_CHOICES if a <= limit} | {max(1, cores - 1)}) if plan_actors \
+    actors = (
+        sorted({a for a in ACTOR_CHOICES if a <= limit} | {max(1, cores - 1)})
+        if plan_actors
         else [int(t.actors) if t.actors != "auto" else 1]
+    )
     if plan_learners:  # powers of two, at most half the cores (each learner wants actors beside it)
         learners = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n == 1 or n <= cores // 2)
     else:
@@ -91,8 +95,9 @@ def layout_space(cfg: Config, cores: int, plan_envs: bool, plan_actors: bool, pl
     return Space(envs, actors, steps, k0, learners)
 
 
-def group_learner_rate(cal: Calibration, learners: int, mode: str, core_speed: float = 1.0,
-                       all_cores_taken: float = 0.0) -> float:
+def group_learner_rate(
+    cal: Calibration, learners: int, mode: str, core_speed: float = 1.0, all_cores_taken: float = 0.0
+) -> float:
     """Env steps/s one learner of a group consumes. allreduce adds a ring all-reduce to every
     optimizer step: 2 (L - 1) messages of latency and 2 (L - 1) / L of the gradient bytes at the
     group's bus bandwidth (measured by a group of two on this machine when learners are planned:
@@ -103,8 +108,10 @@ def group_learner_rate(cal: Calibration, learners: int, mode: str, core_speed: f
     if learners == 1 or mode != "allreduce":
         return cal.steps_per_update / update_s
     messages = 2 * (learners - 1)
-    per_step = (messages * (cal.sync_latency_s + all_cores_taken * SCHEDULER_SLICE_S)
-                + 2 * (learners - 1) / learners * 4 * cal.parameters / cal.sync_bytes_per_s)
+    per_step = (
+        messages * (cal.sync_latency_s + all_cores_taken * SCHEDULER_SLICE_S)
+        + 2 * (learners - 1) / learners * 4 * cal.parameters / cal.sync_bytes_per_s
+    )
     return cal.steps_per_update / (update_s + cal.optimizer_steps_per_update * per_step)
 
 
@@ -133,13 +140,14 @@ def _others_wanting(others: list[tuple[int, float]]) -> np.ndarray:
     wanting = np.ones(1)
     for count, busy in others:
         k = np.arange(count + 1)
-        pmf = np.array([math.comb(count, i) for i in k], dtype=float) * busy ** k * (1 - busy) ** (count - k)
+        pmf = np.array([math.comb(count, i) for i in k], dtype=float) * busy**k * (1 - busy) ** (count - k)
         wanting = np.convolve(wanting, pmf)
     return wanting
 
 
-def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producing: float, learners: int,
-                      group: int, mode: str, cores: int) -> tuple[float, float]:
+def shared_throughput(
+    cal: Calibration, actor_rate: float, actors: int, producing: float, learners: int, group: int, mode: str, cores: int
+) -> tuple[float, float]:
     """Env steps/s of `actors` actors and `learners` learners sharing `cores` cores (the learners are
     part of a group of `group`), and the learners' consumption rate with every one on a core of its
     own (for utilisation). Starts from the plain bounds (actors, learners, CPU) and lets the processes'
@@ -173,8 +181,9 @@ def shared_throughput(cal: Calibration, actor_rate: float, actors: int, producin
 # ---------------------------------------------------------------- prediction
 
 
-def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1,
-            others_in_group: int | None = None) -> list[Layout]:
+def predict(
+    cal: Calibration, cfg: Config, space: Space, cores: int, replicas: int = 1, others_in_group: int | None = None
+) -> list[Layout]:
     """Every candidate (learners, actors, envs per actor): actors are dealt evenly to learners, and all
     share the machine's cores (`shared_throughput`). With `replicas` machines running the same layout,
     the learners of all of them form one group (the collective's ring is `replicas` times longer; pass
@@ -196,11 +205,27 @@ def predict(cal: Calibration, cfg: Config, space: Space, cores: int, replicas: i
                 actors_wait = actor_util < learner_util
                 lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
                 held_back = limit < per_learner + (1 if learner_util >= actor_util else 0)
-                idle = ("actors" if actor_util < learner_util - 0.02 else
-                        "learner" if learner_util < actor_util - 0.02 else "neither")
-                layouts.append(Layout(a, k, max(1, cal.fragment_steps // k), x, actor_util, learner_util,
-                                      min(lag, bound) if cfg.balance.backpressure else lag, idle, held_back,
-                                      learners))
+                idle = (
+                    "actors"
+                    if actor_util < learner_util - 0.02
+                    else "learner"
+                    if learner_util < actor_util - 0.02
+                    else "neither"
+                )
+                layouts.append(
+                    Layout(
+                        a,
+                        k,
+                        max(1, cal.fragment_steps // k),
+                        x,
+                        actor_util,
+                        learner_util,
+                        min(lag, bound) if cfg.balance.backpressure else lag,
+                        idle,
+                        held_back,
+                        learners,
+                    )
+                )
     return layouts
 
 
@@ -213,9 +238,16 @@ class ClusterPrediction:
     group: int  # learners in the group
 
 
-def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: int, link_bytes_per_s: float,
-                    link_latency_s: float, gpu_learner_rate: float | None = None,
-                    others_in_group: int | None = None) -> ClusterPrediction:
+def predict_cluster(
+    cal: Calibration,
+    cfg: Config,
+    nodes: int,
+    cores_per_node: int,
+    link_bytes_per_s: float,
+    link_latency_s: float,
+    gpu_learner_rate: float | None = None,
+    others_in_group: int | None = None,
+) -> ClusterPrediction:
     """What-if for `nodes` machines of `cores_per_node` cores like this one: every node runs the layout
     the planner would choose for its cores, actors feeding the learners of their own node (shared
     memory), and all learners form one group whose collectives cross the link (its bandwidth caps
@@ -228,10 +260,16 @@ def predict_cluster(cal: Calibration, cfg: Config, nodes: int, cores_per_node: i
         cal = replace(cal, learner_rate=gpu_learner_rate)
         space = replace(space, learners=(1,))
     if nodes > 1:
-        cal = replace(cal, sync_latency_s=cal.sync_latency_s + link_latency_s,
-                      sync_bytes_per_s=min(cal.sync_bytes_per_s, link_bytes_per_s))
-    chosen = choose(predict(cal, cfg, space, cores_per_node, replicas=nodes, others_in_group=others_in_group),
-                    space.preferred_envs, cores_per_node)
+        cal = replace(
+            cal,
+            sync_latency_s=cal.sync_latency_s + link_latency_s,
+            sync_bytes_per_s=min(cal.sync_bytes_per_s, link_bytes_per_s),
+        )
+    chosen = choose(
+        predict(cal, cfg, space, cores_per_node, replicas=nodes, others_in_group=others_in_group),
+        space.preferred_envs,
+        cores_per_node,
+    )
     group = nodes * chosen.learners if others_in_group is None else chosen.learners + others_in_group
     return ClusterPrediction(nodes, cores_per_node, chosen, nodes * chosen.env_steps_per_s, group)
 
@@ -242,8 +280,14 @@ def link_from_probe(cal: Calibration, costs: dict[str, float]) -> tuple[float, f
     return costs["allreduce_bytes_per_s"], max(0.0, costs["allreduce_latency_s"] / 2 - cal.probe_latency_s)
 
 
-def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], link_bytes_per_s: float,
-                 link_latency_s: float, gpu_learner_rate: float | None = None) -> tuple[list[Layout], float, str]:
+def plan_cluster(
+    cal: Calibration,
+    cfg: Config,
+    nodes: list[dict[str, float]],
+    link_bytes_per_s: float,
+    link_latency_s: float,
+    gpu_learner_rate: float | None = None,
+) -> tuple[list[Layout], float, str]:
     """A layout for a described cluster (each alive node's resources, as Ray lists them): every node
     runs the layout chosen for its own CPUs (and, given `gpu_learner_rate`, one learner on its GPU
     when it has one), actors feeding the learners of their node, and all learners form one group
@@ -258,10 +302,21 @@ def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], l
     kinds = sorted({kind(n) for n in usable})
 
     def lay_out(others: dict[tuple[int, bool], int | None]) -> dict[tuple[int, bool], Layout]:
-        return {k: predict_cluster(cal, cfg, len(usable), k[0], link_bytes_per_s, link_latency_s,
-                                   gpu_learner_rate if k[1] else None, others[k]).per_node for k in kinds}
+        return {
+            k: predict_cluster(
+                cal,
+                cfg,
+                len(usable),
+                k[0],
+                link_bytes_per_s,
+                link_latency_s,
+                gpu_learner_rate if k[1] else None,
+                others[k],
+            ).per_node
+            for k in kinds
+        }
 
-    chosen = lay_out({k: None for k in kinds})  # as if every node were of its kind
+    chosen = lay_out(dict.fromkeys(kinds))  # as if every node were of its kind
     if len(kinds) > 1:  # unlike nodes: price each kind's collectives with the group the others form
         group = sum(chosen[kind(n)].learners for n in usable)
         chosen = lay_out({k: group - chosen[k].learners for k in kinds})
@@ -272,31 +327,49 @@ def plan_cluster(cal: Calibration, cfg: Config, nodes: list[dict[str, float]], l
     described = "; ".join(
         f"{sum(kind(n) == k for n in usable)} node(s) of {k[0]} CPUs{' and a GPU' if k[1] else ''}: "
         f"{chosen[k].learners} learner(s){' on the GPU' if k[1] else ''} x {chosen[k].actors} actors x "
-        f"{chosen[k].envs_per_actor} envs, bounded by {bound[chosen[k].idle_side]}" for k in kinds)
+        f"{chosen[k].envs_per_actor} envs, bounded by {bound[chosen[k].idle_side]}"
+        for k in kinds
+    )
     skipped = len(nodes) - len(usable)
-    link = (f"across the link ({link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, {link_latency_s * 1e6:.0f} us)"
-            if len(usable) > 1 else "on the node")
-    why = (f"why: {described}; {group} learners in one {cfg.sync.mode} group {link}; predicted {total:,.0f} env "
-           f"steps/s" + (f"; {skipped} node(s) with fewer than 2 CPUs left out" if skipped else ""))
+    link = (
+        f"across the link ({link_bytes_per_s * 8 / 1e9:.3g} Gbit/s, {link_latency_s * 1e6:.0f} us)"
+        if len(usable) > 1
+        else "on the node"
+    )
+    why = (
+        f"why: {described}; {group} learners in one {cfg.sync.mode} group {link}; predicted {total:,.0f} env "
+        f"steps/s" + (f"; {skipped} node(s) with fewer than 2 CPUs left out" if skipped else "")
+    )
     return layouts, total, why
 
 
-def format_cluster(cal: Calibration, predictions: list[ClusterPrediction], link_bytes_per_s: float,
-                   link_latency_s: float, mode: str, gpu_learner_rate: float | None = None) -> str:
+def format_cluster(
+    cal: Calibration,
+    predictions: list[ClusterPrediction],
+    link_bytes_per_s: float,
+    link_latency_s: float,
+    mode: str,
+    gpu_learner_rate: float | None = None,
+) -> str:
     """The what-if table: per cluster size, the layout on every node, the group, the predicted rate."""
     base = predictions[0].env_steps_per_s / predictions[0].nodes
-    gpu = ("" if gpu_learner_rate is None else
-           f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)")
-    lines = [f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here{gpu}; "
-             f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
-             f"{'measured' if cal.sync_measured else 'assumed'} on this machine: a message "
-             f"{cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
-             f"  {'nodes':>5} {'group':>5} {'per node: learners x actors x envs':>36} {'pred env steps/s':>17} "
-             f"{'speed-up':>8} {'learner util':>12}"]
+    gpu = (
+        "" if gpu_learner_rate is None else f"; one GPU learner per node at {gpu_learner_rate:,.0f} env steps/s (given)"
+    )
+    lines = [
+        f"predicted for nodes of {predictions[0].cores_per_node} cores like this one (rates measured here{gpu}; "
+        f"link {link_bytes_per_s * 8 / 1e9:g} Gbit/s, {link_latency_s * 1e6:g} us; learner group {mode}, "
+        f"{'measured' if cal.sync_measured else 'assumed'} on this machine: a message "
+        f"{cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
+        f"  {'nodes':>5} {'group':>5} {'per node: learners x actors x envs':>36} {'pred env steps/s':>17} "
+        f"{'speed-up':>8} {'learner util':>12}",
+    ]
     for p in predictions:
         n = p.per_node
-        lines.append(f"  {p.nodes:>5} {p.group:>5} {f'{n.learners} x {n.actors} x {n.envs_per_actor}':>36} "
-                     f"{p.env_steps_per_s:>17,.0f} {p.env_steps_per_s / base:>7.2f}x {n.learner_utilization:>11.0%}")
+        lines.append(
+            f"  {p.nodes:>5} {p.group:>5} {f'{n.learners} x {n.actors} x {n.envs_per_actor}':>36} "
+            f"{p.env_steps_per_s:>17,.0f} {p.env_steps_per_s / base:>7.2f}x {n.learner_utilization:>11.0%}"
+        )
     return "\n".join(lines)
 
 
@@ -335,12 +408,18 @@ def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None)
     per_core = cores or max(c.actors for c in layouts)
     best = max(c.env_steps_per_s for c in layouts)
     fast = [c for c in layouts if c.env_steps_per_s >= (1 - TIE) * best]
-    pick = min(fast, key=lambda c: (min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
-                                    c.held_back,
-                                    c.learners,
-                                    -min(c.actors, per_core),
-                                    abs(math.log2(c.envs_per_actor / preferred_envs)),
-                                    round(c.max_lag, 6), c.actors))
+    pick = min(
+        fast,
+        key=lambda c: (
+            min(c.actor_utilization, c.learner_utilization) > 1 - HEADROOM,
+            c.held_back,
+            c.learners,
+            -min(c.actors, per_core),
+            abs(math.log2(c.envs_per_actor / preferred_envs)),
+            round(c.max_lag, 6),
+            c.actors,
+        ),
+    )
     return Layout(**{**asdict(pick), "chosen": True})
 
 
@@ -351,28 +430,37 @@ def lag_warning(cal: Calibration, cfg: Config, chosen: Layout) -> str | None:
     vpf = cal.fragment_steps / cal.steps_per_update
     per_learner = math.ceil(chosen.actors / chosen.learners)
     needed = bound_needed(per_learner, chosen.learner_utilization >= chosen.actor_utilization, vpf)
-    return (f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {per_learner} actors "
-            f"per learner: "
-            f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.max_policy_lag, vpf)} fragment(s) in flight "
-            f"({vpf:.2g} versions each), so actors wait for fresh weights (nothing is dropped); "
-            f"a bound of {math.ceil(needed)} keeps them all busy")
+    return (
+        f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {per_learner} actors "
+        f"per learner: "
+        f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.max_policy_lag, vpf)} fragment(s) in flight "
+        f"({vpf:.2g} versions each), so actors wait for fresh weights (nothing is dropped); "
+        f"a bound of {math.ceil(needed)} keeps them all busy"
+    )
 
 
 def explain(cal: Calibration, chosen: Layout, cores: int, mode: str = "allreduce") -> str:
     """Why this layout: what bounds its throughput, from the measured rates."""
     learner_rate = group_learner_rate(cal, chosen.learners, mode)
     cpu_bound = cores / (1.0 / cal.actor_rates[chosen.envs_per_actor] + 1.0 / learner_rate)
-    bounds = {"the learners": chosen.learners * learner_rate,
-              "the actors": chosen.actors * cal.actor_rates[chosen.envs_per_actor],
-              f"the {cores} cores (actors and learners share them)": cpu_bound}
+    bounds = {
+        "the learners": chosen.learners * learner_rate,
+        "the actors": chosen.actors * cal.actor_rates[chosen.envs_per_actor],
+        f"the {cores} cores (actors and learners share them)": cpu_bound,
+    }
     limit = min(bounds, key=bounds.get)
-    more = ("" if chosen.learners == 1 else
-            f"; one learner would cap it at {cal.learner_rate:,.0f} env steps/s, so {chosen.learners} learners share "
-            f"the training (actors dealt evenly, {math.ceil(chosen.actors / chosen.learners)} each; sync.mode {mode} "
-            f"leaves each {learner_rate:,.0f} env steps/s)")
-    return (f"why: {chosen.learners} learner(s) x {chosen.actors} actors x {chosen.envs_per_actor} envs is predicted "
-            f"to reach {chosen.env_steps_per_s:,.0f} env steps/s, bounded by {limit}{more}; among layouts within "
-            f"{TIE:.0%} of the best it keeps the most slack, stays inside the lag bound and has the fewest learners")
+    more = (
+        ""
+        if chosen.learners == 1
+        else f"; one learner would cap it at {cal.learner_rate:,.0f} env steps/s, so {chosen.learners} learners share "
+        f"the training (actors dealt evenly, {math.ceil(chosen.actors / chosen.learners)} each; sync.mode {mode} "
+        f"leaves each {learner_rate:,.0f} env steps/s)"
+    )
+    return (
+        f"why: {chosen.learners} learner(s) x {chosen.actors} actors x {chosen.envs_per_actor} envs is predicted "
+        f"to reach {chosen.env_steps_per_s:,.0f} env steps/s, bounded by {limit}{more}; among layouts within "
+        f"{TIE:.0%} of the best it keeps the most slack, stays inside the lag bound and has the fewest learners"
+    )
 
 
 def mark(layouts: list[Layout], chosen: Layout) -> list[Layout]:
@@ -389,10 +477,9 @@ def _cache_dir() -> Path:
 
 def _machine() -> dict[str, Any]:
     model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
     return {"node": platform.node(), "cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version()}
 
 
@@ -437,8 +524,9 @@ def _calibrate_in_child(cfg: Config, space: Space) -> Calibration:
     # in a child so the caller (a driver about to fork roles) never starts torch thread pools itself
     ctx = process_context()
     parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child,
-                                                               os.getpid()))
+    process = ctx.Process(
+        target=_calibrate_child, args=(json.dumps(cfg.model_dump(mode="json")), space, child, os.getpid())
+    )
     process.start()
     child.close()
     status, payload = parent.recv()
@@ -458,37 +546,60 @@ def needs_plan(cfg: Config) -> bool:
 def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[str, Any]]:
     """Replace `auto` in the topology by the planned layout; returns the config and the plan record."""
     cores = cores or available_cores()
-    space = layout_space(cfg, cores, plan_envs=cfg.topology.envs_per_actor == "auto",
-                         plan_actors=cfg.topology.actors == "auto", plan_learners=cfg.topology.learners == "auto")
+    space = layout_space(
+        cfg,
+        cores,
+        plan_envs=cfg.topology.envs_per_actor == "auto",
+        plan_actors=cfg.topology.actors == "auto",
+        plan_learners=cfg.topology.learners == "auto",
+    )
     cal, cached = load_or_calibrate(cfg, space)
     chosen = choose(predict(cal, cfg, space, cores), space.preferred_envs, cores)
-    record = {"calibration": asdict(cal), "cached": cached, "cores": cores, "chosen": asdict(chosen),
-              "warning": lag_warning(cal, cfg, chosen)}
+    record = {
+        "calibration": asdict(cal),
+        "cached": cached,
+        "cores": cores,
+        "chosen": asdict(chosen),
+        "warning": lag_warning(cal, cfg, chosen),
+    }
     return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps, chosen.learners), record
 
 
 def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
-    lines = [f"calibration ({cal.seconds:.1f} s, one core each): learner consumes {cal.learner_rate:,.0f} env steps/s "
-             f"({cal.steps_per_update:,.0f} per update)"]
-    lines.append("  actor env steps/s by envs per actor: "
-                 + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items())))
+    lines = [
+        f"calibration ({cal.seconds:.1f} s, one core each): learner consumes {cal.learner_rate:,.0f} env steps/s "
+        f"({cal.steps_per_update:,.0f} per update)"
+    ]
+    lines.append(
+        "  actor env steps/s by envs per actor: "
+        + ", ".join(f"{k}: {r:,.0f}" for k, r in sorted(cal.actor_rates.items()))
+    )
     lines.append(f"  with every core busy, each runs at {cal.core_efficiency:.0%} of a lone core's speed")
     if cal.sync_measured:
-        trained = (f"; two learners training as a group: {cal.group_learner_rate:,.0f} env steps/s each"
-                   if cal.group_learner_rate else "")
-        lines.append(f"  learner group (measured: two learners on this machine): a collective message "
-                     f"{cal.sync_latency_s * 1e6:,.0f} us (the probe's: {cal.probe_latency_s * 1e6:,.0f} us), "
-                     f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s{trained}")
+        trained = (
+            f"; two learners training as a group: {cal.group_learner_rate:,.0f} env steps/s each"
+            if cal.group_learner_rate
+            else ""
+        )
+        lines.append(
+            f"  learner group (measured: two learners on this machine): a collective message "
+            f"{cal.sync_latency_s * 1e6:,.0f} us (the probe's: {cal.probe_latency_s * 1e6:,.0f} us), "
+            f"{cal.sync_bytes_per_s / 1e6:,.1f} MB/s{trained}"
+        )
     lines.append(f"layouts for {cores} cores (fragment = {cal.fragment_steps} env steps):")
     shown = layouts
     if len(layouts) > TABLE_ROWS:
         lines.append(f"  (the {TABLE_ROWS} fastest of {len(layouts)} layouts, and the chosen one)")
         fastest = sorted(layouts, key=lambda c: -c.env_steps_per_s)[:TABLE_ROWS]
         shown = fastest + [c for c in layouts if c.chosen and c not in fastest]
-    lines.append(f"  {'':2}{'learners':>8} {'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
-                 f"{'learner util':>12} {'max lag':>7}  idle")
+    lines.append(
+        f"  {'':2}{'learners':>8} {'actors':>6} {'envs':>5} {'T':>5} {'pred steps/s':>13} {'actor util':>10} "
+        f"{'learner util':>12} {'max lag':>7}  idle"
+    )
     for c in sorted(shown, key=lambda c: (c.learners, c.envs_per_actor, c.actors)):
-        lines.append(f"  {'*' if c.chosen else ' ':2}{c.learners:>8} {c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
-                     f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
-                     f"{c.max_lag:>7.1f}  {c.idle_side}{' (held back by the lag bound)' if c.held_back else ''}")
+        lines.append(
+            f"  {'*' if c.chosen else ' ':2}{c.learners:>8} {c.actors:>6} {c.envs_per_actor:>5} {c.fragment_length:>5} "
+            f"{c.env_steps_per_s:>13,.0f} {c.actor_utilization:>10.0%} {c.learner_utilization:>12.0%} "
+            f"{c.max_lag:>7.1f}  {c.idle_side}{' (held back by the lag bound)' if c.held_back else ''}"
+        )
     return "\n".join(lines)

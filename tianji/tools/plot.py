@@ -92,8 +92,13 @@ def overlay(run_dirs: list[Path], title: str | None = None) -> Any:
             x = _column(rows, key)
             ax.plot(x, _column(rows, "env/return_mean100"), color=colour, label=run_dir.name)
             if _has(rows, "eval/return_mean"):
-                ax.plot(x, _column(rows, "eval/return_mean"), color=colour, linestyle="--",
-                        label=f"{run_dir.name} (greedy eval)")
+                ax.plot(
+                    x,
+                    _column(rows, "eval/return_mean"),
+                    color=colour,
+                    linestyle="--",
+                    label=f"{run_dir.name} (greedy eval)",
+                )
     for ax, label in ((axes[0], "wall time (s)"), (axes[1], "env steps")):
         ax.set_xlabel(label)
         ax.set_ylabel("return (mean of the last 100 training episodes)")

@@ -15,8 +15,8 @@ from tianji.algos import get_algo
 from tianji.config import Config, ConfigError, build_config, to_yaml
 from tianji.envs.make import env_spaces
 from tianji.runtime.driver.checkpoint import CheckpointSets, describe_os_error
-from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.launchers.registry import LAUNCHERS
 from tianji.tools.plan import needs_plan, resolve_layout
@@ -51,16 +51,22 @@ def load_run_config(run_dir: Path) -> Config:
 
 def _git_revision() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def _write_meta(run: RunContext, launcher: str) -> None:
-    meta = {"tianji_version": __version__, "git_revision": _git_revision(), "launcher": launcher,
-            "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    meta = {
+        "tianji_version": __version__,
+        "git_revision": _git_revision(),
+        "launcher": launcher,
+        "argv": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     name = "meta.json" if not run.resumed else f"meta-resume-{int(time.time())}.json"
     (run.run_dir / name).write_text(json.dumps(meta, indent=2))
 
@@ -87,8 +93,9 @@ def check_env_and_algo(cfg: Config) -> None:
         raise ConfigError(f"{cfg.env.describe()}: algo.name {cfg.algo.name!r} cannot train on it: {exc}") from None
 
 
-def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
-          resume: str | None = None, t0: float | None = None) -> tuple[Path, dict[str, Any]]:
+def train(
+    cfg: Config, launcher: str = "local", run_dir: str | None = None, resume: str | None = None, t0: float | None = None
+) -> tuple[Path, dict[str, Any]]:
     """Run training to a stop condition; returns the run directory and its summary."""
     t0 = time.time() if t0 is None else t0
     if launcher not in LAUNCHERS:
@@ -99,9 +106,12 @@ def train(cfg: Config, launcher: str = "local", run_dir: str | None = None,
         cfg, plan_record = resolve_layout(cfg)
         chosen = plan_record["chosen"]
         if cfg.logging.console:
-            print(f"planned layout: {chosen['actors']} actors x {chosen['envs_per_actor']} envs "
-                  f"({'cached' if plan_record['cached'] else 'measured'}; "
-                  f"predicted {chosen['env_steps_per_s']:,.0f} env steps/s)", flush=True)
+            print(
+                f"planned layout: {chosen['actors']} actors x {chosen['envs_per_actor']} envs "
+                f"({'cached' if plan_record['cached'] else 'measured'}; "
+                f"predicted {chosen['env_steps_per_s']:,.0f} env steps/s)",
+                flush=True,
+            )
         if plan_record["warning"]:
             log.warning(plan_record["warning"])
     if resume is not None:

@@ -9,7 +9,8 @@ a batch of several is one [T, k1 + k2, ...] array per key, so returns are comput
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,15 +27,19 @@ def joined(fragments: list[Mapping[str, np.ndarray]], key: str, axis: int) -> np
     return np.concatenate(arrays, axis=axis) if len(arrays) > 1 else arrays[0]
 
 
-def time_major(fragments: list[Mapping[str, np.ndarray]], keys: Iterable[str], device: torch.device,
-               per_env: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+def time_major(
+    fragments: list[Mapping[str, np.ndarray]], keys: Iterable[str], device: torch.device, per_env: Iterable[str] = ()
+) -> dict[str, torch.Tensor]:
     """`keys` as [T, K, ...] tensors and `per_env` extras as [K, ...]; uint8 stays uint8 until the net."""
-    return {**{key: to_device(joined(fragments, key, 1), device) for key in keys},
-            **{key: to_device(joined(fragments, key, 0), device) for key in per_env}}
+    return {
+        **{key: to_device(joined(fragments, key, 1), device) for key in keys},
+        **{key: to_device(joined(fragments, key, 0), device) for key in per_env},
+    }
 
 
-def minibatch_steps(samples: dict[str, torch.Tensor], cfg: Any, loss_of: Loss, step: GradientStep,
-                    sync: GradientHook, env_steps: int) -> dict[str, float]:
+def minibatch_steps(
+    samples: dict[str, torch.Tensor], cfg: Any, loss_of: Loss, step: GradientStep, sync: GradientHook, env_steps: int
+) -> dict[str, float]:
     """`cfg.epochs` passes of `cfg.minibatches` gradient steps on random samples (rows of every
     tensor in `samples`); the mean of each stat over the steps."""
     n = next(iter(samples.values())).shape[0]
@@ -44,7 +49,7 @@ def minibatch_steps(samples: dict[str, torch.Tensor], cfg: Any, loss_of: Loss, s
     for _ in range(cfg.epochs):
         order = torch.randperm(n, device=next(iter(samples.values())).device)
         for start in range(0, n - size + 1, size):
-            loss, stats = loss_of({key: value[order[start:start + size]] for key, value in samples.items()})
+            loss, stats = loss_of({key: value[order[start : start + size]] for key, value in samples.items()})
             stats.update(step(loss, sync, env_steps))
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)

@@ -14,7 +14,9 @@ UNAVAILABLE = -1e9  # the value (or logit) of an unavailable action
 def check_multiagent_spaces(obs_space: gym.Space, act_space: gym.Space, algo: str) -> None:
     """Raises ValueError naming what `algo` cannot train on."""
     if not (isinstance(obs_space, gym.spaces.Dict) and {"obs", "state", "avail_actions"} <= set(obs_space.spaces)):
-        raise ValueError(f"{algo} needs a multi-agent env (smax:MAP or pettingzoo:MODULE), got observations {obs_space}")
+        raise ValueError(
+            f"{algo} needs a multi-agent env (smax:MAP or pettingzoo:MODULE), got observations {obs_space}"
+        )
     if not isinstance(act_space, gym.spaces.MultiDiscrete):
         raise ValueError(f"{algo} needs one discrete action per agent, got {act_space}")
 

@@ -33,8 +33,10 @@ def choose_model(obs_space: gym.Space, model: str) -> str:
     if model == "auto":
         return "cnn" if is_image(obs_space) else "mlp"
     if model in IMAGE_MODELS and not is_image(obs_space):
-        raise ValueError(f"algo.model {model!r} needs image observations (height, width, channels or channels "
-                         f"first), got shape {obs_space.shape}")
+        raise ValueError(
+            f"algo.model {model!r} needs image observations (height, width, channels or channels "
+            f"first), got shape {obs_space.shape}"
+        )
     return model
 
 
@@ -108,8 +110,9 @@ class NatureCNN(nn.Module):
         return self.fc(self.conv(self._frames(obs)))
 
 
-def make_trunk(obs_space: gym.Space, hidden: list[int], model: str,
-               activation: type[nn.Module] = nn.ReLU) -> tuple[nn.Module, int]:
+def make_trunk(
+    obs_space: gym.Space, hidden: list[int], model: str, activation: type[nn.Module] = nn.ReLU
+) -> tuple[nn.Module, int]:
     """A feature extractor and its width: the Nature CNN, or an MLP of `hidden` layers."""
     chosen = choose_model(obs_space, model)
     if chosen in IMAGE_MODELS:
@@ -140,8 +143,9 @@ class PolicyValueNet(nn.Module):
     """Policy head (categorical, or diagonal Gaussian with a learned log-std) and value head.
     MLP: separate policy and value MLPs (`pi`, `v`); CNN: one shared trunk (`body`) and two heads."""
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], model: str = "auto",
-                 init: str = "default"):
+    def __init__(
+        self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], model: str = "auto", init: str = "default"
+    ):
         super().__init__()
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         out_dim = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))

@@ -17,7 +17,8 @@ corresponds to eps / B and max_grad_norm / B here.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -55,12 +56,14 @@ class _Foreach:
         for name in self.state_names:
             if name not in state or len(state[name]) != len(self.params):
                 found = len(state[name]) if name in state else "no"
-                raise ValueError(f"optimizer state has {found} {name!r} tensors, expected {len(self.params)} "
-                                 f"(a checkpoint of another optimizer?)")
+                raise ValueError(
+                    f"optimizer state has {found} {name!r} tensors, expected {len(self.params)} "
+                    f"(a checkpoint of another optimizer?)"
+                )
         self.steps = int(state["steps"])
         with torch.no_grad():
             for name in self.state_names:
-                for mine, saved in zip(self.state[name], state[name]):
+                for mine, saved in zip(self.state[name], state[name], strict=True):
                     mine.copy_(saved)
 
 
@@ -69,8 +72,13 @@ class Adam(_Foreach):
 
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
         super().__init__(params, lr)
         (self.beta1, self.beta2), self.eps = betas, eps
 
@@ -84,9 +92,9 @@ class Adam(_Foreach):
         torch._foreach_lerp_(m, grads, 1 - self.beta1)
         torch._foreach_mul_(v, self.beta2)
         torch._foreach_addcmul_(v, grads, grads, 1 - self.beta2)
-        step_size = self.lr / (1 - self.beta1 ** self.steps)
+        step_size = self.lr / (1 - self.beta1**self.steps)
         denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, math.sqrt(1 - self.beta2 ** self.steps))
+        torch._foreach_div_(denom, math.sqrt(1 - self.beta2**self.steps))
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, m, denom, -step_size)
 
@@ -97,8 +105,14 @@ class RMSprop(_Foreach):
 
     state_names = ("square_avg", "momentum_buffer")
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, alpha: float = 0.99, eps: float = 1e-8,
-                 momentum: float = 0.0):
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        momentum: float = 0.0,
+    ):
         super().__init__(params, lr)
         self.alpha, self.eps, self.momentum = alpha, eps, momentum
 
@@ -133,8 +147,15 @@ class TensorFlowRMSprop(_Foreach):
 
     state_names = ("ms", "mom")
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, alpha: float = 0.99, eps: float = 1e-10,
-                 momentum: float = 0.0, initial_average: float = 1.0):
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        alpha: float = 0.99,
+        eps: float = 1e-10,
+        momentum: float = 0.0,
+        initial_average: float = 1.0,
+    ):
         super().__init__(params, lr)
         self.alpha, self.eps, self.momentum = alpha, eps, momentum
         for tensor in self.state["ms"]:
@@ -175,8 +196,9 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerSettings,
     if cfg.name == "rmsprop":
         return RMSprop(params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
     if cfg.name == "rmsprop_tf":
-        return TensorFlowRMSprop(params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum,
-                                 initial_average=cfg.initial_average)
+        return TensorFlowRMSprop(
+            params, lr=lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum, initial_average=cfg.initial_average
+        )
     raise ValueError(f"algo.optimizer.name: unknown optimizer {cfg.name!r}; expected 'adam', 'rmsprop' or 'rmsprop_tf'")
 
 
@@ -215,7 +237,7 @@ class GradientStep:
         self.base_lr = optimizer.lr
 
     @classmethod
-    def from_config(cls, params: Iterable[torch.nn.Parameter], cfg: Any) -> "GradientStep":
+    def from_config(cls, params: Iterable[torch.nn.Parameter], cfg: Any) -> GradientStep:
         """The optimizer, clip and schedule an algorithm's config (`TrainedConfig` fields) asks for."""
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr)
         return cls(optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))

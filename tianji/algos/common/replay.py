@@ -1,14 +1,14 @@
 """Prioritized experience replay on a vectorized sum-tree (no per-item Python loops).
 
-    replay = PrioritizedReplay(capacity=1 << 20, fields={"obs": ((4,), np.float32), ...}, alpha=0.6)
-    replay.add({"obs": obs_batch, ...}, priorities)        # batched insert, ring buffer
-    idx, batch, weights = replay.sample(256, beta=0.4, rng=rng)
-    replay.update_priorities(idx, np.abs(td_errors))       # batched
+replay = PrioritizedReplay(capacity=1 << 20, fields={"obs": ((4,), np.float32), ...}, alpha=0.6)
+replay.add({"obs": obs_batch, ...}, priorities)        # batched insert, ring buffer
+idx, batch, weights = replay.sample(256, beta=0.4, rng=rng)
+replay.update_priorities(idx, np.abs(td_errors))       # batched
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -55,8 +55,9 @@ class SumTree:
 class PrioritizedReplay:
     """Ring buffer of transitions with proportional prioritized sampling."""
 
-    def __init__(self, capacity: int, fields: Mapping[str, tuple[tuple[int, ...], np.dtype]], alpha: float,
-                 eps: float = 1e-6):
+    def __init__(
+        self, capacity: int, fields: Mapping[str, tuple[tuple[int, ...], np.dtype]], alpha: float, eps: float = 1e-6
+    ):
         self.capacity = capacity
         self.alpha = alpha
         self.eps = eps
@@ -74,8 +75,8 @@ class PrioritizedReplay:
         if n == 0:
             return
         if n > self.capacity:  # keep the newest
-            batch = {k: v[-self.capacity:] for k, v in batch.items()}
-            priorities = None if priorities is None else priorities[-self.capacity:]
+            batch = {k: v[-self.capacity :] for k, v in batch.items()}
+            priorities = None if priorities is None else priorities[-self.capacity :]
             n = self.capacity
         idx = (self.cursor + np.arange(n)) % self.capacity
         for name, values in batch.items():
@@ -86,8 +87,9 @@ class PrioritizedReplay:
         self.cursor = int((self.cursor + n) % self.capacity)
         self.count = min(self.capacity, self.count + n)
 
-    def sample(self, batch_size: int, beta: float, rng: np.random.Generator
-               ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    def sample(
+        self, batch_size: int, beta: float, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """Stratified proportional sample; returns indices, the batch and normalised importance weights."""
         total = self.tree.total
         bounds = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
@@ -103,7 +105,7 @@ class PrioritizedReplay:
     def _set_priorities(self, idx: np.ndarray, priorities: np.ndarray) -> None:
         priorities = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps
         self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(idx, priorities ** self.alpha)
+        self.tree.update(idx, priorities**self.alpha)
 
 
 class SequenceReplay:

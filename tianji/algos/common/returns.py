@@ -91,8 +91,15 @@ def compute_gae(
     return advantages, (advantages + values).astype(np.float32)
 
 
-def td_lambda_targets(rewards: torch.Tensor, target_q: torch.Tensor, bootstrap_q: torch.Tensor,
-                      dones: torch.Tensor, terminated: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+def td_lambda_targets(
+    rewards: torch.Tensor,
+    target_q: torch.Tensor,
+    bootstrap_q: torch.Tensor,
+    dones: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
     """TD(lambda) returns of one team, arrays shaped [T, B]; `target_q[t]` = Q_tot_target of the state
     reached at step t (row t + 1's), `bootstrap_q` that of the state after the sequence.
 
@@ -139,9 +146,9 @@ def nstep_transitions(
         in_fragment = idx < T
         idx = np.minimum(idx, T - 1)
         stepping = active & in_fragment
-        returns += np.where(stepping, (gamma ** i) * rewards[idx, cols], 0.0).astype(np.float32)
+        returns += np.where(stepping, (gamma**i) * rewards[idx, cols], 0.0).astype(np.float32)
         steps += stepping
         ended_by_termination |= stepping & terminated[idx, cols]
         active = stepping & ~dones[idx, cols]
-    discounts = np.where(ended_by_termination, 0.0, gamma ** steps).astype(np.float32)
+    discounts = np.where(ended_by_termination, 0.0, gamma**steps).astype(np.float32)
     return returns, discounts, steps

@@ -11,18 +11,28 @@ from tianji.sections import Section
 
 class OptimizerConfig(Section):
     name: Literal["adam", "rmsprop", "rmsprop_tf"] = Field(
-        "adam", description="adam; rmsprop (not centered) in PyTorch's form: squared-gradient average from 0, eps "
+        "adam",
+        description="adam; rmsprop (not centered) in PyTorch's form: squared-gradient average from 0, eps "
         "added to its root; rmsprop_tf: TensorFlow 1's form, which the IMPALA paper used: the average starts at 1 and "
-        "eps is added inside the root (far more damped early on).")
-    eps: float = Field(1e-8, gt=0, description="adam, rmsprop: added to the root of the squared-gradient average; "
-                       "rmsprop_tf: added to the average inside the root. Losses are means over the batch: a "
-                       "reference that sums its loss over B samples used B times this eps (rmsprop_tf: B^2 times).")
+        "eps is added inside the root (far more damped early on).",
+    )
+    eps: float = Field(
+        1e-8,
+        gt=0,
+        description="adam, rmsprop: added to the root of the squared-gradient average; "
+        "rmsprop_tf: added to the average inside the root. Losses are means over the batch: a "
+        "reference that sums its loss over B samples used B times this eps (rmsprop_tf: B^2 times).",
+    )
     beta1: float = Field(0.9, ge=0, lt=1, description="adam: decay of the gradient average.")
     beta2: float = Field(0.999, ge=0, lt=1, description="adam: decay of the squared-gradient average.")
     alpha: float = Field(0.99, ge=0, lt=1, description="rmsprop, rmsprop_tf: decay of the squared-gradient average.")
     momentum: float = Field(0.0, ge=0, lt=1, description="rmsprop, rmsprop_tf: momentum.")
-    initial_average: float = Field(1.0, ge=0, description="rmsprop_tf: where the squared-gradient average starts "
-                                   "(TensorFlow: 1). For a reference that sums its loss over B samples, 1 / B^2 here.")
+    initial_average: float = Field(
+        1.0,
+        ge=0,
+        description="rmsprop_tf: where the squared-gradient average starts "
+        "(TensorFlow: 1). For a reference that sums its loss over B samples, 1 / B^2 here.",
+    )
 
 
 class TrainedConfig(Section):
@@ -32,10 +42,13 @@ class TrainedConfig(Section):
     lr: float
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
     lr_schedule: Literal["constant", "linear"] = Field(
-        "constant", description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
-        "env steps (consumed by the learners).")
-    lr_horizon: int | None = Field(None, ge=1, description="Env steps over which a linear schedule reaches zero "
-                                   "(null: stop.max_env_steps).")
+        "constant",
+        description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
+        "env steps (consumed by the learners).",
+    )
+    lr_horizon: int | None = Field(
+        None, ge=1, description="Env steps over which a linear schedule reaches zero (null: stop.max_env_steps)."
+    )
 
 
 def adam_eps(eps: float) -> Any:
@@ -43,8 +56,12 @@ def adam_eps(eps: float) -> Any:
 
 
 ModelName = Literal["auto", "mlp", "cnn", "cnn_small"]
-MODEL_DESCRIPTION = ("Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
-                     "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
-                     "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU.")
-INIT_DESCRIPTION = ("Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
-                    "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01).")
+MODEL_DESCRIPTION = (
+    "Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
+    "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
+    "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU."
+)
+INIT_DESCRIPTION = (
+    "Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
+    "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01)."
+)

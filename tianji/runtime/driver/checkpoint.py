@@ -141,8 +141,9 @@ class GoodSet:
         if rank > 0 and first.exists():
             if restart:
                 return first
-            raise CheckpointError(f"{self.path}: no {learner_file(rank)}; resume with as many learners "
-                                  "(topology.learners) as the run had")
+            raise CheckpointError(
+                f"{self.path}: no {learner_file(rank)}; resume with as many learners (topology.learners) as the run had"
+            )
         return None
 
     def learner_state(self, rank: int = 0, restart: bool = False) -> dict[str, Any] | None:
@@ -182,8 +183,9 @@ class CheckpointSets:
         _atomic_write(self.directory / STAGING / name, lambda tmp: tmp.write_bytes(data))
         return name
 
-    def commit(self, version: int, files: dict[int, Path], driver_state: dict[str, Any], moved: int | None = None
-               ) -> dict[int, Path]:
+    def commit(
+        self, version: int, files: dict[int, Path], driver_state: dict[str, Any], moved: int | None = None
+    ) -> dict[int, Path]:
         """A new set: each learner's newest file (rank -> where it is now; rank `moved`'s, just staged, is
         moved in, the others copied: no two sets share a file, so damage to one stays in one), the driver's
         counters, and last the manifest; then the sets beyond `keep` go. Returns where each file now is.
@@ -221,8 +223,11 @@ class CheckpointSets:
     def _seal(self, path: Path, version: int, driver_state: dict[str, Any]) -> None:
         """driver.json, then the manifest of every file in the set (written last)."""
         _atomic_write(path / DRIVER_FILE, lambda tmp: tmp.write_text(json.dumps(driver_state)))
-        files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in sorted(path.iterdir())
-                 if not f.name.startswith(".") and f.name != MANIFEST_FILE}
+        files = {
+            f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
+            for f in sorted(path.iterdir())
+            if not f.name.startswith(".") and f.name != MANIFEST_FILE
+        }
         manifest = {"format": 1, "policy_version": version, "created": time.time(), "files": files}
         _atomic_write(path / MANIFEST_FILE, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
 
@@ -242,7 +247,7 @@ class CheckpointSets:
     def _prune(self) -> None:
         """Keep the newest `keep` complete sets; incomplete ones go once a newer set is complete."""
         complete = self._complete_sets()
-        kept = set(complete[-self.keep:])
+        kept = set(complete[-self.keep :])
         newest = complete[-1] if complete else None
         for path in self._sets():
             if path not in kept and newest is not None and path < newest:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from numbers import Real
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, TypedDict
 
 from tianji.runtime.transport.wire import WireError
 
@@ -97,28 +97,49 @@ class RoleNote(TypedDict, total=False):
     version: int  # stopped: the learner's last version
 
 
-Event = Union[ActorEvent, LearnerEvent, EvalEvent, CheckpointNotice, MeasuredCosts, RoleNote]
+Event = ActorEvent | LearnerEvent | EvalEvent | CheckpointNotice | MeasuredCosts | RoleNote
 _COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
 
 
 def actor_event(actor_id: int, episodes: list[tuple], counts: dict[str, float]) -> ActorEvent:
-    return {"kind": "actor", "role": f"actor{actor_id}", "id": actor_id, "episodes": episodes,
-            **{key: counts[key] for key in ACTOR_COUNTERS}}  # type: ignore[typeddict-item]
+    return {
+        "kind": "actor",
+        "role": f"actor{actor_id}",
+        "id": actor_id,
+        "episodes": episodes,
+        **{key: counts[key] for key in ACTOR_COUNTERS},
+    }  # type: ignore[typeddict-item]
 
 
-def learner_event(rank: int, version: int, lags: list[int], dropped_lags: list[int], stats: dict[str, float],
-                  replay_ratio: float, counts: dict[str, float]) -> LearnerEvent:
-    return {"kind": "learner", "role": f"learner{rank}", "rank": rank, "version": version, "lags": lags,
-            "dropped_lags": dropped_lags, "stats": stats, "replay_ratio": replay_ratio,
-            **{key: counts[key] for key in LEARNER_COUNTERS}}  # type: ignore[typeddict-item]
+def learner_event(
+    rank: int,
+    version: int,
+    lags: list[int],
+    dropped_lags: list[int],
+    stats: dict[str, float],
+    replay_ratio: float,
+    counts: dict[str, float],
+) -> LearnerEvent:
+    return {
+        "kind": "learner",
+        "role": f"learner{rank}",
+        "rank": rank,
+        "version": version,
+        "lags": lags,
+        "dropped_lags": dropped_lags,
+        "stats": stats,
+        "replay_ratio": replay_ratio,
+        **{key: counts[key] for key in LEARNER_COUNTERS},
+    }  # type: ignore[typeddict-item]
 
 
 def measured(role: str, costs: dict[str, float]) -> MeasuredCosts:
     return {"kind": "measured", "role": role, "costs": costs}
 
 
-def checkpoint_notice(version: int, rank: int, epoch: int = 0, staged: str | None = None,
-                      failed: str | None = None) -> CheckpointNotice:
+def checkpoint_notice(
+    version: int, rank: int, epoch: int = 0, staged: str | None = None, failed: str | None = None
+) -> CheckpointNotice:
     notice: CheckpointNotice = {"kind": "checkpoint", "version": version, "rank": rank, "epoch": epoch}
     if staged is not None:
         notice["staged"] = staged
@@ -153,8 +174,10 @@ def checked_event(header: dict[str, Any]) -> Event:
             raise WireError(f"{kind} event field {key!r} must be a number, got {value!r}")
     if kind == "checkpoint":
         _check_notice(header)
-    if kind == "measured" and not (isinstance(header.get("costs"), dict) and all(
-            isinstance(v, Real) and not isinstance(v, bool) for v in header["costs"].values())):
+    if kind == "measured" and not (
+        isinstance(header.get("costs"), dict)
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in header["costs"].values())
+    ):
         raise WireError(f"measured event field 'costs' must map names to numbers, got {header.get('costs')!r}")
     return header  # type: ignore[return-value]
 

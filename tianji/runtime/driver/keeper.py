@@ -59,6 +59,10 @@ class CheckpointKeeper:
         """Count every failed write; log at most one line per checkpoint interval (training goes on)."""
         failures = self.monitor.count("checkpoint_write_failures")
         if time.time() - self._last_logged >= self.interval_s:
-            log.warning("%s not written: %s; training goes on, the last good set stays (%d failed writes so far)",
-                        what, reason, int(failures))
+            log.warning(
+                "%s not written: %s; training goes on, the last good set stays (%d failed writes so far)",
+                what,
+                reason,
+                int(failures),
+            )
             self._last_logged = time.time()

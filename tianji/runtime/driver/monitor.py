@@ -16,8 +16,8 @@ from typing import Any
 
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
-from tianji.runtime.driver.events import ACTOR_COUNTERS, LEARNER_COUNTERS, ActorEvent, EvalEvent, Event, LearnerEvent
 from tianji.runtime.driver.checkpoint import describe_os_error
+from tianji.runtime.driver.events import ACTOR_COUNTERS, LEARNER_COUNTERS, ActorEvent, EvalEvent, Event, LearnerEvent
 from tianji.runtime.driver.stop import StopConditions
 from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 
@@ -48,13 +48,16 @@ class Monitor:
         # per learner of a group (rank -> cumulative updates, busy_s, wait_s; lag histogram; version)
         self.learners = int(cfg.topology.learners) if isinstance(cfg.topology.learners, int) else 1
         saved = r.get("learners", {})
-        self.per_learner: dict[int, Counter] = {k: Counter(saved.get(str(k), {}).get("totals", {}))
-                                                for k in range(self.learners)}
+        self.per_learner: dict[int, Counter] = {
+            k: Counter(saved.get(str(k), {}).get("totals", {})) for k in range(self.learners)
+        }
         self.per_learner_lags: dict[int, Counter] = {
             k: Counter({int(lag): n for lag, n in saved.get(str(k), {}).get("lags", {}).items()})
-            for k in range(self.learners)}
-        self.per_learner_version: dict[int, int] = {k: int(saved.get(str(k), {}).get("version", 0))
-                                                    for k in range(self.learners)}
+            for k in range(self.learners)
+        }
+        self.per_learner_version: dict[int, int] = {
+            k: int(saved.get(str(k), {}).get("version", 0)) for k in range(self.learners)
+        }
         self._per_learner_window: dict[int, list[int]] = {k: [] for k in range(self.learners)}
         self.measured: dict[str, dict[str, float]] = {}  # role -> costs it measured at start
         self.eval_return: float | None = r.get("eval_return")
@@ -181,8 +184,11 @@ class Monitor:
         except OSError as exc:
             failures = self.count("metrics_write_failures")
             if time.time() - self._last_write_warning >= self.cfg.logging.interval_s:
-                log.warning("metrics row not written: %s; training goes on (%d rows lost so far)",
-                            describe_os_error(exc, self.run_dir / "metrics.*"), int(failures))
+                log.warning(
+                    "metrics row not written: %s; training goes on (%d rows lost so far)",
+                    describe_os_error(exc, self.run_dir / "metrics.*"),
+                    int(failures),
+                )
                 self._last_write_warning = time.time()
 
     def _row(self, d: dict[str, float], dt: float, lags: list[int]) -> dict[str, float]:
@@ -235,9 +241,11 @@ class Monitor:
     # ------------------------------------------------------------ summary / state
     def summary(self, stop_reason: str) -> dict[str, Any]:
         mean = self.return_mean()
-        metric = {"train": "env/return_mean100 (mean return of the last 100 training episodes)",
-                  "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
-                  "eval_win_rate": f"eval/win_rate (greedy, {self.cfg.eval.episodes} episodes per round)"}
+        metric = {
+            "train": "env/return_mean100 (mean return of the last 100 training episodes)",
+            "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
+            "eval_win_rate": f"eval/win_rate (greedy, {self.cfg.eval.episodes} episodes per round)",
+        }
         return {
             "target_reached": self.stop.target_reached,
             "target_metric": metric[self.cfg.stop.target_metric],
@@ -261,7 +269,8 @@ class Monitor:
             "credits_granted": int(self.totals["credits_granted"]),  # slots the learners let actors fill
             "fragments_trained": int(self.totals["fragments_consumed"]),
             "fragments_dropped": int(self.totals["dropped"]),
-            "dropped_fraction": self.totals["dropped"] / max(1, self.totals["dropped"] + self.totals["fragments_consumed"]),
+            "dropped_fraction": self.totals["dropped"]
+            / max(1, self.totals["dropped"] + self.totals["fragments_consumed"]),
             "dropped_lag_histogram": {str(k): v for k, v in sorted(self.dropped_lag_hist.items())},
             "bad_messages": int(self.totals["bad_messages"]),
             "stale_notices": int(self.totals["stale_notices"]),
@@ -281,9 +290,13 @@ class Monitor:
 
     def _learner_summary(self, rank: int) -> dict[str, Any]:
         totals, wall = self.per_learner[rank], max(self.elapsed(), 1e-9)
-        return {"updates": int(totals["updates"]), "updates_per_s": round(totals["updates"] / wall, 3),
-                "busy": round(totals["busy_s"] / wall, 3), "policy_version": self.per_learner_version[rank],
-                **lag_summary(self.per_learner_lags[rank])}
+        return {
+            "updates": int(totals["updates"]),
+            "updates_per_s": round(totals["updates"] / wall, 3),
+            "busy": round(totals["busy_s"] / wall, 3),
+            "policy_version": self.per_learner_version[rank],
+            **lag_summary(self.per_learner_lags[rank]),
+        }
 
     def state(self) -> dict[str, Any]:
         """What the driver saves beside the learner checkpoint to resume counters."""
@@ -299,9 +312,14 @@ class Monitor:
             "totals": dict(self.totals),
             **self.stop.record(),
             "version": self.version,
-            "learners": {str(rank): {"totals": dict(self.per_learner[rank]), "version": self.per_learner_version[rank],
-                                     "lags": {str(k): v for k, v in self.per_learner_lags[rank].items()}}
-                         for rank in self.per_learner},
+            "learners": {
+                str(rank): {
+                    "totals": dict(self.per_learner[rank]),
+                    "version": self.per_learner_version[rank],
+                    "lags": {str(k): v for k, v in self.per_learner_lags[rank].items()},
+                }
+                for rank in self.per_learner
+            },
             "eval_return": self.eval_return,
             "eval_win_rate": self.eval_win_rate,
         }

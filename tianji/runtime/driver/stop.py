@@ -1,8 +1,8 @@
 """When a run ends: its target reached, or its env-step or wall-time budget spent (any one).
 
-    stop = StopConditions(cfg.stop)
-    stop.observe(value=472.0, elapsed_s=8.1, env_steps=150_000)   # the target metric's newest value
-    stop.reason(env_steps=150_000, elapsed_s=8.1)                 # None, or why the run stops
+stop = StopConditions(cfg.stop)
+stop.observe(value=472.0, elapsed_s=8.1, env_steps=150_000)   # the target metric's newest value
+stop.reason(env_steps=150_000, elapsed_s=8.1)                 # None, or why the run stops
 """
 
 from __future__ import annotations

@@ -106,8 +106,15 @@ class _Supervisor:
                 self.roles.restart_learners()
                 self.last_seen.update({n: time.time() for n in self.roles.names() if is_learner(n)})
                 # actors and evaluator say hello to the new learners (where they now listen)
-                self.control.send(pack_header({"kind": "learner_restarted", "epoch": self.roles.learner_epoch,
-                                               "learners": self.roles.learner_endpoints()}))
+                self.control.send(
+                    pack_header(
+                        {
+                            "kind": "learner_restarted",
+                            "epoch": self.roles.learner_epoch,
+                            "learners": self.roles.learner_endpoints(),
+                        }
+                    )
+                )
                 return  # the other learners were replaced too
             self._count("role_restarts", limits.max_actor_restarts, name)
             self.roles.restart(name)
@@ -115,8 +122,10 @@ class _Supervisor:
 
     def _count(self, counter: str, limit: int, name: str) -> None:
         if self.monitor.count(counter) > limit:
-            raise RoleError(f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
-                            f"last exit code {self.roles.exitcode(name)}")
+            raise RoleError(
+                f"{name} failed and {counter.replace('_', ' ')} reached supervision limit {limit}; "
+                f"last exit code {self.roles.exitcode(name)}"
+            )
 
     def supervise(self) -> str:
         while True:

@@ -17,7 +17,7 @@ class RowWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.csv_path = run_dir / "metrics.csv"
-        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+        self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115  (open for the run; closed in close)
         self._csv_file = None
         self._csv = None
         self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
@@ -59,7 +59,7 @@ class RowWriter:
                 writer.writerows(rows)
             tmp.replace(self.csv_path)
             self.columns = columns
-        self._csv_file = open(self.csv_path, "a", newline="")
+        self._csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115  (open for the run)
         self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns, extrasaction="ignore")
 
     def close(self) -> None:
@@ -124,9 +124,14 @@ class ConsoleLine:
             sys.stdout.flush()
 
 
-LEARNING_SIGNS = (("train/entropy", "H", ".2f"), ("train/approx_kl", "kl", ".4f"),
-                  ("train/explained_variance", "ev", ".2f"), ("train/grad_norm", "|g|", ".3g"), ("train/lr", "lr", ".2e"),
-                  ("train/dead_units", "dead", ".0%"))
+LEARNING_SIGNS = (
+    ("train/entropy", "H", ".2f"),
+    ("train/approx_kl", "kl", ".4f"),
+    ("train/explained_variance", "ev", ".2f"),
+    ("train/grad_norm", "|g|", ".3g"),
+    ("train/lr", "lr", ".2e"),
+    ("train/dead_units", "dead", ".0%"),
+)
 
 
 def _learning_signs(row: dict[str, float]) -> str:
@@ -144,8 +149,9 @@ def _per_learner_updates(row: dict[str, float]) -> str:
 def _win_rates(row: dict[str, float]) -> str:
     """'win 45% eval 60% ' for envs that report wins, nothing otherwise."""
     train, evaluated = row["env/win_rate100"], row["eval/win_rate"]
-    return ((f"win {train:4.0%} " if train == train else "")
-            + (f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""))
+    return (f"win {train:4.0%} " if train == train else "") + (
+        f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""
+    )
 
 
 def _fmt(x: float, digits: int = 0) -> str:

@@ -43,7 +43,7 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     reason = None
     try:
         while (reason := monitor.stop_reason()) is None:
-            for actor, reporter in zip(actors, actor_reporters):
+            for actor, reporter in zip(actors, actor_reporters, strict=True):
                 for peer, slot, min_version in service.grants():
                     credits[peer].append((slot, min_version))
                 if credits[actor.actor_id] and service.wants_data():

@@ -12,7 +12,8 @@ import multiprocessing
 import os
 import signal
 import socket as pysocket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -67,8 +68,10 @@ class LocalRoles:
         # name -> (process body, its arguments after (run, endpoints, token, driver pid), read at each start)
         self._targets: dict[str, tuple[Callable[..., None], Callable[[], tuple[Any, ...]]]] = {}
         for rank in range(learners):
-            self._targets[f"learner{rank}"] = (learner_main, lambda r=rank: (
-                self.endpoints[r], self.learner_epoch, r, self._group(r)))
+            self._targets[f"learner{rank}"] = (
+                learner_main,
+                lambda r=rank: (self.endpoints[r], self.learner_epoch, r, self._group(r)),
+            )
         for i in range(cfg.topology.actors):
             self._targets[f"actor{i}"] = (actor_main, lambda i=i: (self.endpoints[learner_of(cfg, i)], i))
         if cfg.eval.interval_s is not None:
@@ -130,8 +133,9 @@ class LocalRoles:
     def _start(self, name: str) -> multiprocessing.Process:
         target, args = self._targets[name]
         endpoints, *rest = args()
-        process = self._mp.Process(target=target, args=(self.run, endpoints, self.token, os.getpid(), *rest),
-                                   name=name, daemon=True)
+        process = self._mp.Process(
+            target=target, args=(self.run, endpoints, self.token, os.getpid(), *rest), name=name, daemon=True
+        )
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # children inherit "ignore Ctrl-C"
         try:
             process.start()

@@ -50,8 +50,9 @@ POLL_INTERVAL_S = 0.25  # how often the driver asks the hosts which roles ended
 
 
 def _run_to_json(run: RunContext) -> str:
-    return json.dumps({"config": run.cfg.model_dump(mode="json"), "run_dir": str(run.run_dir), "t0": run.t0,
-                       "resumed": run.resumed})
+    return json.dumps(
+        {"config": run.cfg.model_dump(mode="json"), "run_dir": str(run.run_dir), "t0": run.t0, "resumed": run.resumed}
+    )
 
 
 def _run_from_json(text: str) -> RunContext:
@@ -69,27 +70,51 @@ def role_process(spec: dict[str, Any]) -> None:
     endpoints, topology = Endpoints.from_dict(spec["endpoints"]), run.cfg.topology
     parent = os.getppid()  # the zygote: a role dies with it
     if is_learner(name):
-        rank = int(name[len("learner"):])
+        rank = int(name[len("learner") :])
         group = spec["group"]
-        group_spec = None if group is None else GroupSpec(rank, int(topology.learners), group["host"], group["port"],
-                                                          run.cfg.sync.timeout_s)
+        group_spec = (
+            None
+            if group is None
+            else GroupSpec(rank, int(topology.learners), group["host"], group["port"], run.cfg.sync.timeout_s)
+        )
         restore = _read_once(spec.get("attachment"))
         listen = replace(endpoints, fragments=spec["listen"]["fragments"], weights=spec["listen"]["weights"])
 
         def loop(ctx: zmq.Context, events: zmq.Socket, driver: Any) -> None:
-            learner_loop(run, token, spec["epoch"], bind_learner(ctx, listen), ShippedStore(restore, rank, spec["epoch"]),
-                         events, driver, rank, group_spec)
+            learner_loop(
+                run,
+                token,
+                spec["epoch"],
+                bind_learner(ctx, listen),
+                ShippedStore(restore, rank, spec["epoch"]),
+                events,
+                driver,
+                rank,
+                group_spec,
+            )
 
         run_role(name, run, topology.learner_threads, endpoints, loop, driver_pid=parent)
     elif name == "evaluator":
-        run_role(name, run, 1, endpoints,
-                 lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver), driver_pid=parent)
+        run_role(
+            name,
+            run,
+            1,
+            endpoints,
+            lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
+            driver_pid=parent,
+        )
     else:
-        actor_id = int(name[len("actor"):])
-        run_role(name, run, topology.actor_threads, endpoints,
-                 lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver,
-                                                        same_machine=spec["same_machine"]),
-                 driver_pid=parent)
+        actor_id = int(name[len("actor") :])
+        run_role(
+            name,
+            run,
+            topology.actor_threads,
+            endpoints,
+            lambda ctx, events, driver: actor_loop(
+                run, endpoints, token, actor_id, ctx, events, driver, same_machine=spec["same_machine"]
+            ),
+            driver_pid=parent,
+        )
 
 
 def _read_once(path: str | None) -> bytes | None:
@@ -127,9 +152,11 @@ def cpu_share(cfg: Config, cluster_cpus: float) -> float:
 def unplaceable(wanted: dict[str, dict[str, float]], nodes: list[dict[str, float]]) -> list[str]:
     """Why the cluster (`nodes`: each alive node's total resources) can never hold these bundles, even idle:
     a bundle no single node can hold, or more of a resource than the cluster has. Empty when it can."""
-    problems = [f"{name} asks {bundle}, more than any node has ({_largest(nodes, bundle)})"
-                for name, bundle in wanted.items()
-                if not any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes)]
+    problems = [
+        f"{name} asks {bundle}, more than any node has ({_largest(nodes, bundle)})"
+        for name, bundle in wanted.items()
+        if not any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes)
+    ]
     for resource in sorted({k for bundle in wanted.values() for k in bundle}):
         asked, has = sum(b.get(resource, 0.0) for b in wanted.values()), sum(n.get(resource, 0.0) for n in nodes)
         if asked > has + 1e-9:
@@ -157,11 +184,14 @@ def measure_link(ray: Any, parameters: int, timeout_s: float = 120.0) -> dict[st
     pinned = [NodeAffinitySchedulingStrategy(node["NodeID"], soft=False) for node in alive]
     host = alive[0]["NodeManagerAddress"]
     free_ports = ray.remote(RayNodeHost.free_ports).options(num_cpus=0, scheduling_strategy=pinned[0])
-    port, = ray.get(free_ports.remote(host, 1), timeout=timeout_s)
+    (port,) = ray.get(free_ports.remote(host, 1), timeout=timeout_s)
     probe = ray.remote(probe_group)
-    ranks = [probe.options(num_cpus=0, scheduling_strategy=where).remote(GroupSpec(rank, 2, host, port, timeout_s),
-                                                                          parameters)
-             for rank, where in enumerate(pinned)]
+    ranks = [
+        probe.options(num_cpus=0, scheduling_strategy=where).remote(
+            GroupSpec(rank, 2, host, port, timeout_s), parameters
+        )
+        for rank, where in enumerate(pinned)
+    ]
     costs = ray.get(ranks, timeout=timeout_s)[0]
     return {**costs, "nodes": [node["NodeID"] for node in alive]}
 
@@ -182,8 +212,11 @@ class RayRoles:
         self.bundles = bundles(run.cfg, cpu_share(run.cfg, sum(n.get("CPU", 0.0) for n in nodes)))
         problems = unplaceable(self.bundles, nodes)
         if problems:  # at once, rather than after ray.placement_timeout_s
-            raise ConfigError("the Ray cluster can never place this run's roles: " + "; ".join(problems)
-                              + " (ray.role_cpus, topology.*, ray.*_resources and ray.learner_gpus set what they ask)")
+            raise ConfigError(
+                "the Ray cluster can never place this run's roles: "
+                + "; ".join(problems)
+                + " (ray.role_cpus, topology.*, ray.*_resources and ray.learner_gpus set what they ask)"
+            )
         self.learners = [name for name in self.bundles if is_learner(name)]
         self.hosts: dict[str, Any] = {}  # node id -> its host
         self.host_ip: dict[str, str] = {}  # node id -> the node's address
@@ -235,8 +268,9 @@ class RayRoles:
         self._record()
 
     def learner_endpoints(self) -> list[dict[str, str]]:
-        return [{k: v for k, v in self.learner_at[name].items() if k in ("fragments", "weights")}
-                for name in self.learners]
+        return [
+            {k: v for k, v in self.learner_at[name].items() if k in ("fragments", "weights")} for name in self.learners
+        ]
 
     def stop_all(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -249,9 +283,11 @@ class RayRoles:
     def _wait_for_placement(self) -> None:
         ready, _ = self.ray.wait([self.pg.ready()], timeout=self.run.cfg.ray.placement_timeout_s)
         if not ready:
-            raise RoleError(f"the Ray cluster could not place the run's roles within "
-                            f"{self.run.cfg.ray.placement_timeout_s:.0f} s: bundles {self.bundles} "
-                            f"({self.run.cfg.ray.strategy}), cluster resources {self.ray.cluster_resources()}")
+            raise RoleError(
+                f"the Ray cluster could not place the run's roles within "
+                f"{self.run.cfg.ray.placement_timeout_s:.0f} s: bundles {self.bundles} "
+                f"({self.run.cfg.ray.strategy}), cluster resources {self.ray.cluster_resources()}"
+            )
 
     def _bundle_nodes(self) -> dict[str, str]:
         """role -> node id its bundle is on now."""
@@ -284,13 +320,21 @@ class RayRoles:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundles[name]
-        return self.ray.remote(RayNodeHost).options(
-            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=list(self.bundles).index(name)),
-            runtime_env=self.run.cfg.ray.runtime_env or None, max_restarts=0, max_task_retries=0,
-        ).remote(ROLE_CODE)
+        return (
+            self.ray.remote(RayNodeHost)
+            .options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=list(self.bundles).index(name)
+                ),
+                runtime_env=self.run.cfg.ray.runtime_env or None,
+                max_restarts=0,
+                max_task_retries=0,
+            )
+            .remote(ROLE_CODE)
+        )
 
     def _locate_hosts(self, nodes: list[str]) -> None:
         for node in nodes:
@@ -317,8 +361,9 @@ class RayRoles:
                 node = self.ray.get(handle.where.remote(), timeout=max(1.0, deadline - time.time()))["node"]
             except (ActorDiedError, ActorUnavailableError):
                 if time.time() > deadline:
-                    raise RoleError(f"{name}'s bundle found no live node within "
-                                    f"{self.run.cfg.ray.placement_timeout_s:.0f} s") from None
+                    raise RoleError(
+                        f"{name}'s bundle found no live node within {self.run.cfg.ray.placement_timeout_s:.0f} s"
+                    ) from None
                 time.sleep(0.5)
                 continue
             self.hosts[node] = handle
@@ -342,25 +387,31 @@ class RayRoles:
     def _learner_of(self, name: str) -> str:
         if is_learner(name):
             return name
-        actor = int(name[len("actor"):]) if name.startswith("actor") else 0
+        actor = int(name[len("actor") :]) if name.startswith("actor") else 0
         return f"learner{learner_of(self.run.cfg, actor)}"
 
     def _spec(self, name: str) -> dict[str, Any]:
         learner = self._learner_of(name)
         at = self.learner_at[learner]
         bind_host = ANY_INTERFACE if self.run.cfg.ray.bind_all_interfaces else self.host_ip[self.node_of[learner]]
-        return {"name": name, "run": self._run_json, "token": self.token, "epoch": self.learner_epoch,
-                "endpoints": replace(self.endpoints, fragments=at["fragments"], weights=at["weights"]).as_dict(),
-                "listen": {k: at[k].replace(self.host_ip[self.node_of[learner]], bind_host)
-                           for k in ("fragments", "weights")},
-                "group": self.learner_at[self.learners[0]].get("group"),
-                "same_machine": self.node_of[name] == self.node_of[learner]}
+        return {
+            "name": name,
+            "run": self._run_json,
+            "token": self.token,
+            "epoch": self.learner_epoch,
+            "endpoints": replace(self.endpoints, fragments=at["fragments"], weights=at["weights"]).as_dict(),
+            "listen": {
+                k: at[k].replace(self.host_ip[self.node_of[learner]], bind_host) for k in ("fragments", "weights")
+            },
+            "group": self.learner_at[self.learners[0]].get("group"),
+            "same_machine": self.node_of[name] == self.node_of[learner],
+        }
 
     def _start(self, names: list[str]) -> None:
         """Ask the hosts to start these roles (all at once: a host starts its roles in turn)."""
         calls = {}
         for name in names:
-            restore = self._restore(int(name[len("learner"):])) if is_learner(name) else None
+            restore = self._restore(int(name[len("learner") :])) if is_learner(name) else None
             calls[name] = self.hosts[self.node_of[name]].start.remote(name, ROLE_PROCESS, self._spec(name), restore)
         for name, call in calls.items():
             self.pids[name] = self.ray.get(call, timeout=self.run.cfg.ray.placement_timeout_s)
@@ -430,8 +481,9 @@ def run_ray(run: RunContext, monitor: Monitor) -> str:
     try:
         events = socket(ctx, zmq.PULL, f"tcp://{host}:*", bind=True, keys=keys)
         control = ControlChannel(ctx, f"tcp://{host}:*", keys)
-        endpoints = Endpoints("", "", bound_endpoint(events).replace(ANY_INTERFACE, ip),
-                              control.endpoint.replace(ANY_INTERFACE, ip), keys)
+        endpoints = Endpoints(
+            "", "", bound_endpoint(events).replace(ANY_INTERFACE, ip), control.endpoint.replace(ANY_INTERFACE, ip), keys
+        )
         roles = RayRoles(ray, run, endpoints, new_token(), boot)
         reason = drive(run, monitor, events, control, roles)
         monitor.count("refused_peers", gate.refused)

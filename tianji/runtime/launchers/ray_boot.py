@@ -34,8 +34,11 @@ class RayNodeHost(NodeHost):
     def where(self) -> dict[str, Any]:
         import ray
 
-        return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "host_pid": os.getpid()}
+        return {
+            "node": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "host_pid": os.getpid(),
+        }
 
 
 def loopback_only(ray: Any) -> None:
@@ -80,8 +83,11 @@ def warm_host(ray: Any, zygote: Zygote) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(RayNodeHost).options(num_cpus=0, scheduling_strategy=here, max_restarts=0).remote(
-        ROLE_CODE, zygote.path)
+    return (
+        ray.remote(RayNodeHost)
+        .options(num_cpus=0, scheduling_strategy=here, max_restarts=0)
+        .remote(ROLE_CODE, zygote.path)
+    )
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The launchers by name; `train` looks them up here.
 
-    reason = LAUNCHERS["local"](run, monitor)   # runs to a stop condition, returns why it stopped
+reason = LAUNCHERS["local"](run, monitor)   # runs to a stop condition, returns why it stopped
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor

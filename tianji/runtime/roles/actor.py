@@ -17,8 +17,9 @@ so algorithms can bootstrap truncated episodes from it and mask it from losses.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,15 @@ class Fragment:
 
 
 class Actor:
-    def __init__(self, actor_id: int, envs: Any, policy: ActorPolicy, fragment_length: int, seed: int,
-                 reward_clip: float | None = None):
+    def __init__(
+        self,
+        actor_id: int,
+        envs: Any,
+        policy: ActorPolicy,
+        fragment_length: int,
+        seed: int,
+        reward_clip: float | None = None,
+    ):
         self.actor_id = actor_id
         self.envs = envs
         self.policy = policy
@@ -97,8 +105,14 @@ class Actor:
         done = np.logical_or(terminated, truncated)
         valid = ~self.prev_done
         trained = reward if self.reward_clip is None else np.clip(reward, -self.reward_clip, self.reward_clip)
-        row = {**record, "reward": np.asarray(trained, np.float32), "terminated": terminated, "done": done,
-               "valid": valid, **{key: np.asarray(info[key]) for key in self.recorded_info}}
+        row = {
+            **record,
+            "reward": np.asarray(trained, np.float32),
+            "terminated": terminated,
+            "done": done,
+            "valid": valid,
+            **{key: np.asarray(info[key]) for key in self.recorded_info},
+        }
         if buffers is None:  # a fragment of its own: allocate its arrays now that the rows' shapes are known
             buffers = {k: np.empty((self.T, *np.shape(v)), np.asarray(v).dtype) for k, v in {**obs_rows, **row}.items()}
             for key, value in obs_rows.items():

@@ -25,10 +25,17 @@ def build_actor(cfg: Config, actor_id: int) -> Actor:
     torch.manual_seed(actor_seed(cfg, actor_id) + 1)
     envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor, cfg.topology.actor_threads)
     placement = Placement(actor_id, cfg.topology.actors, cfg.topology.envs_per_actor)
-    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space,
-                                                 envs.single_action_space, placement)
-    return Actor(actor_id, envs, policy, cfg.topology.fragment_length, seed=actor_seed(cfg, actor_id),
-                 reward_clip=cfg.env.reward_clip)
+    policy = get_algo(cfg.algo.name).make_policy(
+        cfg.algo, envs.single_observation_space, envs.single_action_space, placement
+    )
+    return Actor(
+        actor_id,
+        envs,
+        policy,
+        cfg.topology.fragment_length,
+        seed=actor_seed(cfg, actor_id),
+        reward_clip=cfg.env.reward_clip,
+    )
 
 
 def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
@@ -46,6 +53,7 @@ def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
 def build_evaluator(cfg: Config) -> Evaluator:
     torch.manual_seed(cfg.seed + 7)
     envs = make_vector_env(cfg.env, cfg.eval.episodes)
-    policy = get_algo(cfg.algo.name).make_policy(cfg.algo, envs.single_observation_space,
-                                                 envs.single_action_space, Placement())
+    policy = get_algo(cfg.algo.name).make_policy(
+        cfg.algo, envs.single_observation_space, envs.single_action_space, Placement()
+    )
     return Evaluator(envs, policy, seed=cfg.seed * 1_000_003 + 999_983)

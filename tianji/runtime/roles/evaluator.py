@@ -1,15 +1,16 @@
 """Evaluator: greedy episodes on the newest weights, in its own role (off the learner's path).
 
-    evaluator = build_evaluator(cfg)
-    evaluator.set_weights(version, weights)
-    event = evaluator.evaluate()   # {"kind": "eval", "return_mean": ..., "version": ...}
+evaluator = build_evaluator(cfg)
+evaluator.set_weights(version, weights)
+event = evaluator.evaluate()   # {"kind": "eval", "return_mean": ..., "version": ...}
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -47,8 +48,15 @@ class Evaluator:
         self.evaluated_version = self.version
         self.busy_s += time.perf_counter() - start
         returns = played.returns
-        event: EvalEvent = {"kind": "eval", "role": "evaluator", "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-                 "length_mean": float(played.lengths.mean()), "version": self.version, "episodes": len(returns)}
+        event: EvalEvent = {
+            "kind": "eval",
+            "role": "evaluator",
+            "return_mean": float(returns.mean()),
+            "return_min": float(returns.min()),
+            "length_mean": float(played.lengths.mean()),
+            "version": self.version,
+            "episodes": len(returns),
+        }
         if played.won is not None:
             event["win_rate"] = float(played.won.mean())
         return event
@@ -57,13 +65,15 @@ class Evaluator:
 @dataclass
 class Played:
     """The first episode of every env: game score, length, and whether it was won (envs with wins)."""
+
     returns: np.ndarray
     lengths: np.ndarray
     won: np.ndarray | None
 
 
-def play_greedy(envs: Any, policy: ActorPolicy, seed: int, on_step: Callable[[Any, np.ndarray], None] | None = None
-                ) -> Played:
+def play_greedy(
+    envs: Any, policy: ActorPolicy, seed: int, on_step: Callable[[Any, np.ndarray], None] | None = None
+) -> Played:
     """Greedy actions until every env of `envs` has ended one episode. `on_step(obs, running)` sees
     every observation (for videos)."""
     n = envs.num_envs

@@ -19,6 +19,7 @@ This module imports no torch, so a launcher can create a host before its own hea
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -51,8 +52,10 @@ class Zygote:
     def __init__(self, preload: list[str]):
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700: this user only
         self.path = str(self.folder / "socket")
-        self.process = subprocess.Popen([sys.executable, "-m", "tianji.runtime.roles.host", self.path,
-                                         str(os.getpid()), *preload], stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tianji.runtime.roles.host", self.path, str(os.getpid()), *preload],
+            stdin=subprocess.DEVNULL,
+        )
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -104,10 +107,8 @@ class NodeHost:
     def kill(self, name: str) -> None:
         pid = self._roles.pop(name, None)
         if pid is not None and pid not in self._exits:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def close(self) -> None:
         for name in list(self._roles):

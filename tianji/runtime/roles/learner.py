@@ -24,8 +24,14 @@ VERSIONS_EMA = 0.2
 
 
 class Learner:
-    def __init__(self, algo: AlgoLearner, max_policy_lag: int, limiter: RateLimiter | None = None,
-                 backpressure: bool = True, sync: Any = None):
+    def __init__(
+        self,
+        algo: AlgoLearner,
+        max_policy_lag: int,
+        limiter: RateLimiter | None = None,
+        backpressure: bool = True,
+        sync: Any = None,
+    ):
         self.algo = algo
         self.sync = None  # with a learner group: tianji.runtime.sync (gradients hook, parameter averages)
         if sync is not None:
@@ -123,10 +129,19 @@ class Learner:
             self.sync.stop(self.algo.parameters(), self.algo.optimizer_moments())
 
     def state_dict(self) -> dict[str, Any]:
-        sync = {} if self.sync is None else {"sync": {"averages": self.sync.averages,
-                                                          "own_progress": self.sync.own_progress()}}
-        return {"algo": self.algo.state_dict(), "version": self.version, "updates": self.updates,
-                "samples_trained": self.samples_trained, "env_steps_consumed": self.env_steps_consumed, **sync}
+        sync = (
+            {}
+            if self.sync is None
+            else {"sync": {"averages": self.sync.averages, "own_progress": self.sync.own_progress()}}
+        )
+        return {
+            "algo": self.algo.state_dict(),
+            "version": self.version,
+            "updates": self.updates,
+            "samples_trained": self.samples_trained,
+            "env_steps_consumed": self.env_steps_consumed,
+            **sync,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])

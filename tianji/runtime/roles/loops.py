@@ -13,8 +13,9 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import zmq
@@ -55,9 +56,16 @@ from tianji.runtime.transport.wire import WireError, decode, encode, pack_header
 # ---------------------------------------------------------------- process body shared by every role
 
 
-def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints,
-             loop: Callable[[zmq.Context, zmq.Socket, DriverLink], None],
-             driver_pid: int | None = None, ctx: zmq.Context | None = None, own_process: bool = True) -> None:
+def run_role(
+    name: str,
+    run: RunContext,
+    threads: int,
+    endpoints: Endpoints,
+    loop: Callable[[zmq.Context, zmq.Socket, DriverLink], None],
+    driver_pid: int | None = None,
+    ctx: zmq.Context | None = None,
+    own_process: bool = True,
+) -> None:
     """Body of every role: signals (when it owns its process), threads, the driver link, the loop,
     a crash report to the driver."""
     if own_process:
@@ -67,8 +75,9 @@ def run_role(name: str, run: RunContext, threads: int, endpoints: Endpoints,
     torch.set_num_threads(threads)
     ctx = ctx or zmq.Context()
     events = socket(ctx, zmq.PUSH, endpoints.events, keys=endpoints.keys)
-    driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control, keys=endpoints.keys),
-                        run.cfg.supervision.driver_timeout_s)
+    driver = DriverLink(
+        socket(ctx, zmq.SUB, endpoints.control, keys=endpoints.keys), run.cfg.supervision.driver_timeout_s
+    )
     try:
         loop(ctx, events, driver)
     except DriverGone as exc:
@@ -105,20 +114,38 @@ def role_pool(token: str, role: str, pid: int):
 
 
 def actor_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, actor_id: int) -> None:
-    run_role(f"actor{actor_id}", run, run.cfg.topology.actor_threads, endpoints,
-             lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver),
-             driver_pid=driver_pid)
+    run_role(
+        f"actor{actor_id}",
+        run,
+        run.cfg.topology.actor_threads,
+        endpoints,
+        lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver),
+        driver_pid=driver_pid,
+    )
 
 
-def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
-               ctx: zmq.Context, events: zmq.Socket, driver: DriverLink, same_machine: bool = True) -> None:
+def actor_loop(
+    run: RunContext,
+    endpoints: Endpoints,
+    token: str,
+    actor_id: int,
+    ctx: zmq.Context,
+    events: zmq.Socket,
+    driver: DriverLink,
+    same_machine: bool = True,
+) -> None:
     """Collect a fragment whenever the learner has granted a slot and the weights are new enough for it.
     `same_machine`: the learner can map this actor's shared memory; else arrays travel as frames."""
     cfg = run.cfg
     name = f"actor{actor_id}"
     slots_count = cfg.balance.max_inflight
-    learner = LearnerLink(ctx, endpoints, name, {"kind": "hello", "actor": actor_id, "slots": slots_count},
-                          learner_rank=learner_of(cfg, actor_id))
+    learner = LearnerLink(
+        ctx,
+        endpoints,
+        name,
+        {"kind": "hello", "actor": actor_id, "slots": slots_count},
+        learner_rank=learner_of(cfg, actor_id),
+    )
     actor = build_actor(cfg, actor_id)
     reporter = ActorReporter(actor)
     sender = SlotSender(role_pool(token, name, os.getpid()), slots_count) if same_machine else FrameSender()
@@ -153,9 +180,19 @@ def actor_loop(run: RunContext, endpoints: Endpoints, token: str, actor_id: int,
             if can_start():
                 slot, _ = learner.credits.popleft()
                 fragment = actor.collect(out=sender.views(slot))  # rows straight into the slot
-                sender.send(learner.link, slot, fragment.arrays, {
-                    "kind": "fragment", "actor": actor_id, "seq": fragment.seq, "version": fragment.policy_version,
-                    "env_steps": fragment.env_steps, "epoch": learner.epoch})
+                sender.send(
+                    learner.link,
+                    slot,
+                    fragment.arrays,
+                    {
+                        "kind": "fragment",
+                        "actor": actor_id,
+                        "seq": fragment.seq,
+                        "version": fragment.policy_version,
+                        "env_steps": fragment.env_steps,
+                        "epoch": learner.epoch,
+                    },
+                )
             if time.time() - last_event >= EVENT_INTERVAL_S:
                 reporter.bad_messages = learner.bad_messages
                 events.send(pack_header(reporter.event()))
@@ -172,8 +209,13 @@ def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket) 
         log.warning("%s: the learner did not echo the link probe in time; link not measured", name)
         return
     rate = costs.get("link_bytes_per_s")
-    log.info("%s: link to its learner: %.0f us, %s (%.1f MB probes)", name, costs["link_latency_s"] * 1e6,
-             f"{rate / 1e6:.0f} MB/s" if rate else "rate hidden in the noise", costs["link_probe_bytes"] / 1e6)
+    log.info(
+        "%s: link to its learner: %.0f us, %s (%.1f MB probes)",
+        name,
+        costs["link_latency_s"] * 1e6,
+        f"{rate / 1e6:.0f} MB/s" if rate else "rate hidden in the noise",
+        costs["link_probe_bytes"] / 1e6,
+    )
     events.send(pack_header(measured(name, costs)))
 
 
@@ -181,12 +223,19 @@ def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket) 
 
 
 def evaluator_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None) -> None:
-    run_role("evaluator", run, 1, endpoints, lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
-             driver_pid=driver_pid)
+    run_role(
+        "evaluator",
+        run,
+        1,
+        endpoints,
+        lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
+        driver_pid=driver_pid,
+    )
 
 
-def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket,
-                   driver: DriverLink) -> None:
+def evaluator_loop(
+    run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket, driver: DriverLink
+) -> None:
     """Greedy rounds on the newest weights, at most one per eval.interval_s, only when weights changed."""
     learner = LearnerLink(ctx, endpoints, "evaluator", {"kind": "hello", "role": "evaluator"})
     evaluator = build_evaluator(run.cfg)
@@ -215,11 +264,27 @@ def evaluator_loop(run: RunContext, endpoints: Endpoints, ctx: zmq.Context, even
 # ---------------------------------------------------------------- learner
 
 
-def learner_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: int | None, epoch: int = 0,
-                 rank: int = 0, group: GroupSpec | None = None) -> None:
+def learner_main(
+    run: RunContext,
+    endpoints: Endpoints,
+    token: str,
+    driver_pid: int | None,
+    epoch: int = 0,
+    rank: int = 0,
+    group: GroupSpec | None = None,
+) -> None:
     def loop(ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
-        learner_loop(run, token, epoch, bind_learner(ctx, endpoints), FileStore(run.checkpoint_dir, rank, epoch),
-                     events, driver, rank, group)
+        learner_loop(
+            run,
+            token,
+            epoch,
+            bind_learner(ctx, endpoints),
+            FileStore(run.checkpoint_dir, rank, epoch),
+            events,
+            driver,
+            rank,
+            group,
+        )
 
     run_role(f"learner{rank}", run, run.cfg.topology.learner_threads, endpoints, loop, driver_pid=driver_pid)
 
@@ -240,8 +305,11 @@ class LearnerSockets:
 def bind_learner(ctx: zmq.Context, endpoints: Endpoints) -> LearnerSockets:
     """Bind where `endpoints` say (a TCP port `*` picks a free one; see `LearnerSockets.endpoints`)."""
     gate = Gatekeeper(ctx, endpoints.keys) if endpoints.keys is not None else None
-    return LearnerSockets(socket(ctx, zmq.ROUTER, endpoints.fragments, bind=True, keys=endpoints.keys),
-                          socket(ctx, zmq.PUB, endpoints.weights, bind=True, keys=endpoints.keys), gate)
+    return LearnerSockets(
+        socket(ctx, zmq.ROUTER, endpoints.fragments, bind=True, keys=endpoints.keys),
+        socket(ctx, zmq.PUB, endpoints.weights, bind=True, keys=endpoints.keys),
+        gate,
+    )
 
 
 def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
@@ -252,9 +320,18 @@ def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Frag
     return Fragment(arrays, meta["actor"], meta["seq"], meta["version"], meta["env_steps"])
 
 
-def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSockets, store: FileStore | ShippedStore,
-                 events: zmq.Socket, driver: DriverLink, rank: int = 0, group: GroupSpec | None = None,
-                 group_store: Any = None) -> None:
+def learner_loop(
+    run: RunContext,
+    token: str,
+    epoch: int,
+    sockets: LearnerSockets,
+    store: FileStore | ShippedStore,
+    events: zmq.Socket,
+    driver: DriverLink,
+    rank: int = 0,
+    group: GroupSpec | None = None,
+    group_store: Any = None,
+) -> None:
     """Carry the learner service's messages over sockets: hellos and fragment notices in, weights
     replies, publishes and credits out; events and checkpoints to the driver when the service says.
 
@@ -331,8 +408,9 @@ def learner_loop(run: RunContext, token: str, epoch: int, sockets: LearnerSocket
         if published is not None:
             publisher.send_multipart(weights_message(*published), copy=False)
         for identity, slot, min_version in service.grants():
-            router.send_multipart([identity, pack_header(
-                {"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})])
+            router.send_multipart(
+                [identity, pack_header({"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})]
+            )
         if service.event_due():
             reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0
             events.send(pack_header(reporter.event()))
@@ -360,7 +438,13 @@ def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: A
     learner.sync.started(learner.algo.parameters())
     parameters = list(learner.algo.parameters())
     costs = measure_group(sum(p.numel() for p in parameters), parameters[0].device)
-    log.info("learner%d: group of %d, all_reduce of one number %.0f us, of its %.0f kB bucket %.0f us; %.1f MB/s",
-             group.rank, group.world_size, costs["allreduce_latency_s"] * 1e6, costs["allreduce_bucket_bytes"] / 1e3,
-             costs["allreduce_bucket_s"] * 1e6, costs["allreduce_bytes_per_s"] / 1e6)
+    log.info(
+        "learner%d: group of %d, all_reduce of one number %.0f us, of its %.0f kB bucket %.0f us; %.1f MB/s",
+        group.rank,
+        group.world_size,
+        costs["allreduce_latency_s"] * 1e6,
+        costs["allreduce_bucket_bytes"] / 1e3,
+        costs["allreduce_bucket_s"] * 1e6,
+        costs["allreduce_bytes_per_s"] / 1e6,
+    )
     return costs

@@ -28,8 +28,13 @@ class ActorReporter:
 
     def event(self) -> ActorEvent:
         a = self.actor
-        counts = {"env_steps": a.seq * a.T * a.k, "fragments": a.seq, "busy_s": a.busy_s, "wait_s": self.wait_s,
-                  "bad_messages": self.bad_messages}
+        counts = {
+            "env_steps": a.seq * a.T * a.k,
+            "fragments": a.seq,
+            "busy_s": a.busy_s,
+            "wait_s": self.wait_s,
+            "bad_messages": self.bad_messages,
+        }
         return actor_event(a.actor_id, a.drain_episodes(), self._deltas(counts))
 
 
@@ -67,5 +72,12 @@ class LearnerReporter:
     def event(self) -> LearnerEvent:
         lr = self.learner
         trained, dropped = lr.lag.take_window()
-        return learner_event(self.rank, lr.version, trained, dropped, dict(lr.last_stats), lr.limiter.ratio(),
-                             self._deltas(self._counts()))
+        return learner_event(
+            self.rank,
+            lr.version,
+            trained,
+            dropped,
+            dict(lr.last_stats),
+            lr.limiter.ratio(),
+            self._deltas(self._counts()),
+        )

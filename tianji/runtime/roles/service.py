@@ -16,7 +16,8 @@ credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and che
 from __future__ import annotations
 
 import time
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from tianji.config import Config
 from tianji.runtime.balance import CreditLedger
@@ -127,8 +128,9 @@ class LearnerService:
 
     def checkpoint_due(self) -> bool:
         """A periodic checkpoint is due (not when the learner has not trained since the last one)."""
-        if self.learner.version == self._checkpointed_version or not self._due("_last_checkpoint",
-                                                                                 self.checkpoint_interval_s):
+        if self.learner.version == self._checkpointed_version or not self._due(
+            "_last_checkpoint", self.checkpoint_interval_s
+        ):
             return False
         self._checkpointed_version = self.learner.version
         return True

@@ -1,15 +1,16 @@
 """The links between roles: endpoints, sockets, and each role's view of the driver and the learner.
 
     actor/evaluator --DEALER--> learner ROUTER   hello {actor, slots}; fragment notices {slot, epoch, ...}
-    actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello); credit {slot, min_version, epoch}
+    actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello);
+                                                 credit {slot, min_version, epoch}
     actor          <-DEALER-> learner ROUTER   probe {n} + payload, echoed as probe {n} (a TCP link's rate)
     actor/evaluator <--SUB----- learner PUB      weights {version, epoch}, newest wins
     every role      --PUSH----> driver PULL      metric deltas (also heartbeats), checkpoint notices, errors
     every role      <--SUB----- driver PUB       stop, heartbeat, learner_restarted {epoch}
 
 Sample data travels in frames only to a learner on another machine; there an actor first measures
-its link (`LearnerLink.measure`). A learner's `epoch` is its incarnation: the driver restarts a dead learner with the next
-epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
+its link (`LearnerLink.measure`). A learner's `epoch` is its incarnation: the driver restarts a dead learner with
+the next epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
 On one machine notices name shared-memory slots instead (see tianji.runtime.transport.shm).
 """
 
@@ -56,24 +57,33 @@ class Endpoints:
     keys: CurveKeys | None = None
 
     @classmethod
-    def ipc(cls, token: str, learner: int = 0) -> "Endpoints":
+    def ipc(cls, token: str, learner: int = 0) -> Endpoints:
         """One machine: the run's ipc paths, with those of learner `learner` (each learner has its own)."""
         base = f"ipc://{tempfile.gettempdir()}/tianji-{token}"
         return cls(f"{base}-fragments{learner}", f"{base}-weights{learner}", f"{base}-events", f"{base}-control")
 
     def ipc_paths(self) -> list[Path]:
-        return [Path(e[len("ipc://"):]) for e in (self.fragments, self.weights, self.events, self.control)
-                if e.startswith("ipc://")]
+        return [
+            Path(e[len("ipc://") :])
+            for e in (self.fragments, self.weights, self.events, self.control)
+            if e.startswith("ipc://")
+        ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"fragments": self.fragments, "weights": self.weights, "events": self.events, "control": self.control,
-                "keys": None if self.keys is None else self.keys.as_dict()}
+        return {
+            "fragments": self.fragments,
+            "weights": self.weights,
+            "events": self.events,
+            "control": self.control,
+            "keys": None if self.keys is None else self.keys.as_dict(),
+        }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Endpoints":
+    def from_dict(cls, raw: dict[str, Any]) -> Endpoints:
         keys = raw.get("keys")
-        return cls(raw["fragments"], raw["weights"], raw["events"], raw["control"],
-                   None if keys is None else CurveKeys(**keys))
+        return cls(
+            raw["fragments"], raw["weights"], raw["events"], raw["control"], None if keys is None else CurveKeys(**keys)
+        )
 
 
 def new_token() -> str:
@@ -109,7 +119,7 @@ def sweep_leftovers() -> list[Path]:
             match = _LEFTOVER.match(path.name)
             if match is None:
                 continue
-            pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end():]))]
+            pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end() :]))]
             if any(_pid_alive(pid) for pid in pids):
                 continue
             try:
@@ -177,8 +187,9 @@ class ControlChannel:
         inbox = f"inproc://tianji-control-{secrets.token_hex(4)}"
         self._orders = ctx.socket(zmq.PAIR)
         self._orders.bind(inbox)
-        self._thread = threading.Thread(target=self._forward, args=(ctx, endpoint, keys, inbox),
-                                        name="tianji-control", daemon=True)
+        self._thread = threading.Thread(
+            target=self._forward, args=(ctx, endpoint, keys, inbox), name="tianji-control", daemon=True
+        )
         self._thread.start()
         self.endpoint = self._orders.recv().decode()  # the bound address (port `*` resolved), or an error
         if self.endpoint.startswith("error: "):
@@ -224,9 +235,9 @@ class DriverGone(Exception):
 class DriverLink:
     """A role's view of the driver: its orders (stop, learner_restarted) and whether it is still there.
 
-        driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control), silence_s=5.0)
-        for order in driver.poll():   # raises DriverGone after silence_s without a message
-            ...
+    driver = DriverLink(socket(ctx, zmq.SUB, endpoints.control), silence_s=5.0)
+    for order in driver.poll():   # raises DriverGone after silence_s without a message
+        ...
     """
 
     def __init__(self, sock: zmq.Socket, silence_s: float, clock=time.monotonic):
@@ -317,8 +328,9 @@ class LearnerLink:
             if message is not None:
                 self._take(*message, taker)
 
-    def measure(self, taker: WeightsTaker, payload_bytes: int = PROBE_BYTES, repeats: int = 3,
-                timeout_s: float = 5.0) -> dict[str, float] | None:
+    def measure(
+        self, taker: WeightsTaker, payload_bytes: int = PROBE_BYTES, repeats: int = 3, timeout_s: float = 5.0
+    ) -> dict[str, float] | None:
         """This link's latency and rate from round trips the learner echoes when it reads its socket:
         empty probes (latency: half the shortest round trip) and probes of `payload_bytes` (rate: those
         bytes over the time they add; the shortest of each, as waiting only ever adds). Weights and
@@ -386,8 +398,9 @@ class LearnerLink:
             return None
         try:
             header, arrays = decode(frames)
-            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch"),
-                    "probe": ("n",)}.get(header["kind"], ())
+            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch"), "probe": ("n",)}.get(
+                header["kind"], ()
+            )
             for key in need:
                 if not isinstance(header.get(key), int):
                     raise WireError(f"{header['kind']} without an int {key!r}")

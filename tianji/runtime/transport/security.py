@@ -33,10 +33,12 @@ class CurveKeys:
     client_secret: str
 
     @classmethod
-    def new(cls) -> "CurveKeys":
+    def new(cls) -> CurveKeys:
         if not zmq.has("curve"):
-            raise SecurityUnavailable("this pyzmq/libzmq has no CURVE support; install a pyzmq wheel (it bundles "
-                                      "libsodium) to run across machines")
+            raise SecurityUnavailable(
+                "this pyzmq/libzmq has no CURVE support; install a pyzmq wheel (it bundles "
+                "libsodium) to run across machines"
+            )
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
         return cls(server_public.decode(), server_secret.decode(), client_public.decode(), client_secret.decode())

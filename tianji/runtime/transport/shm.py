@@ -9,11 +9,13 @@ returns the credit. The driver removes every file of a run when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +62,7 @@ class SlotWriter:
         if self._map is None or fields != self._fields:
             self._open(fields)
         base = slot * self.slot_bytes
-        for offset, arr in zip(self._offsets, arrays.values()):
+        for offset, arr in zip(self._offsets, arrays.values(), strict=True):
             dst = np.frombuffer(self._map, dtype=arr.dtype, count=arr.size, offset=base + offset)
             dst[...] = arr.reshape(-1)
         return self.header(slot)
@@ -71,8 +73,10 @@ class SlotWriter:
         if self._map is None or self._fields is None:
             return None
         base = slot * self.slot_bytes
-        return {name: np.frombuffer(self._map, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset).reshape(shape)
-                for (name, dt, shape, nbytes), offset in zip(check_fields(self._fields), self._offsets)}
+        return {
+            name: np.frombuffer(self._map, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset).reshape(shape)
+            for (name, dt, shape, nbytes), offset in zip(check_fields(self._fields), self._offsets, strict=True)
+        }
 
     def header(self, slot: int) -> dict[str, Any]:
         return {"shm": str(self.path), "slot": slot, "slot_bytes": self.slot_bytes, "fields": self._fields}
@@ -93,10 +97,8 @@ class SlotWriter:
 
     def close(self) -> None:
         if self._map is not None:
-            try:
+            with contextlib.suppress(BufferError):  # views of it are still alive: the mapping goes when they do
                 self._map.close()
-            except BufferError:  # views of it are still alive: the mapping goes when they do
-                pass
             self._map = None
 
 
@@ -134,7 +136,7 @@ class SlotReader:
         buf = self._map_for(path, (slot + 1) * slot_bytes)
         base = slot * slot_bytes
         out = {}
-        for (name, dt, shape, nbytes), offset in zip(fields, offsets):
+        for (name, dt, shape, nbytes), offset in zip(fields, offsets, strict=False):
             view = np.frombuffer(buf, dtype=dt, count=nbytes // dt.itemsize, offset=base + offset)
             out[name] = view.reshape(shape).copy() if copy else view.reshape(shape)
         return out

@@ -13,7 +13,8 @@ size does not match its shape raises `WireError` with the reason.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -73,7 +74,9 @@ def check_fields(fields: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int]
             raise WireError(f"field name {name!r} must be a string")
         if dtype not in ALLOWED_DTYPES:
             raise WireError(f"field {name!r}: dtype {dtype!r} not allowed")
-        if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(isinstance(d, int) and d >= 0 for d in shape)):
+        if not (
+            isinstance(shape, list) and len(shape) <= MAX_DIMS and all(isinstance(d, int) and d >= 0 for d in shape)
+        ):
             raise WireError(f"field {name!r}: shape {shape!r} must be a list of non-negative ints")
         dt = np.dtype(dtype)
         checked.append((name, dt, tuple(shape), int(np.prod(shape, dtype=np.int64)) * dt.itemsize))
@@ -89,7 +92,7 @@ def decode(frames: Sequence[Any], copy: bool = False) -> tuple[dict[str, Any], d
     if len(frames) != 1 + len(fields):
         raise WireError(f"expected {1 + len(fields)} frames for {len(fields)} arrays, got {len(frames)}")
     arrays = {}
-    for (name, dt, shape, nbytes), frame in zip(fields, frames[1:]):
+    for (name, dt, shape, nbytes), frame in zip(fields, frames[1:], strict=False):
         buf = memoryview(frame).cast("B") if not isinstance(frame, bytes) else frame
         if len(buf) != nbytes:
             raise WireError(f"field {name!r}: {len(buf)} bytes, expected {nbytes} for {dt.str}{list(shape)}")

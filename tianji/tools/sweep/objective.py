@@ -27,8 +27,11 @@ from tianji.sections import ConfigError
 
 OBJECTIVES = ("time_to_target", "final_return", "eval_win_rate")
 ROW_METRIC = {"train": "env/return_mean100", "eval": "eval/return_mean", "eval_win_rate": "eval/win_rate"}
-SUMMARY_METRIC = {"train": "final_return_mean100", "eval": "final_eval_return_mean",
-                  "eval_win_rate": "final_eval_win_rate"}
+SUMMARY_METRIC = {
+    "train": "final_return_mean100",
+    "eval": "final_eval_return_mean",
+    "eval_win_rate": "final_eval_win_rate",
+}
 
 
 def _number(value: Any) -> float | None:
@@ -53,7 +56,7 @@ class Objective:
         return "eval_win_rate" if cfg.stop.target_metric == "eval_win_rate" else "final_return"
 
     @classmethod
-    def of(cls, cfg: Config, name: str | None = None) -> "Objective":
+    def of(cls, cfg: Config, name: str | None = None) -> Objective:
         """The objective for a trial config (its stop section), checked: the config must produce the number."""
         name = name or cls.default_name(cfg)
         if name not in OBJECTIVES:
@@ -63,8 +66,10 @@ class Objective:
             if stop.target_return is None:
                 raise ConfigError("--objective time_to_target needs stop.target_return in the config (or --set)")
             if stop.max_wall_time_s is None:
-                raise ConfigError("--objective time_to_target needs a wall-time budget per trial: set "
-                                  "stop.max_wall_time_s or --trial-seconds (a missed target is penalised by it)")
+                raise ConfigError(
+                    "--objective time_to_target needs a wall-time budget per trial: set "
+                    "stop.max_wall_time_s or --trial-seconds (a missed target is penalised by it)"
+                )
         if name == "eval_win_rate" and cfg.eval.interval_s is None:
             raise ConfigError("--objective eval_win_rate needs greedy evaluations: set eval.interval_s")
         metric = "eval_win_rate" if name == "eval_win_rate" else stop.target_metric

@@ -21,8 +21,16 @@ from tianji.config import apply_overrides, build_config, to_yaml
 from tianji.tools.sweep.objective import Objective
 from tianji.tools.sweep.space import Param, override
 
-SUMMARY_COLUMNS = ("target_reached", "time_to_target_s", "final_return_mean100", "env_steps", "wall_time_s",
-                   "stop_reason", "note", "run_dir")
+SUMMARY_COLUMNS = (
+    "target_reached",
+    "time_to_target_s",
+    "final_return_mean100",
+    "env_steps",
+    "wall_time_s",
+    "stop_reason",
+    "note",
+    "run_dir",
+)
 STATE_ORDER = {"COMPLETE": 0, "PRUNED": 1, "FAIL": 2, "RUNNING": 3, "WAITING": 4}
 
 
@@ -63,14 +71,17 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return study.best_trial if complete else None
 
 
-def best_config_text(base_raw: dict[str, Any], params: list[Param], trial: optuna.trial.FrozenTrial,
-                     objective: Objective) -> str:
+def best_config_text(
+    base_raw: dict[str, Any], params: list[Param], trial: optuna.trial.FrozenTrial, objective: Objective
+) -> str:
     """best.yaml: the sweep's base config with the best trial's values, resolved (`tianji train best.yaml`)."""
     values = {p.key: p.value(trial.params[p.key]) for p in params if p.key in trial.params}
     cfg = build_config(apply_overrides(base_raw, [override(k, v) for k, v in values.items()]))
     chosen = ", ".join(f"{k}={v!r}" for k, v in values.items())
-    header = (f"# best trial of the sweep: #{trial.number}, {objective.name} {trial.value:.4g} "
-              f"({objective.direction}); run {trial.user_attrs.get('run_dir')}\n# {chosen}\n")
+    header = (
+        f"# best trial of the sweep: #{trial.number}, {objective.name} {trial.value:.4g} "
+        f"({objective.direction}); run {trial.user_attrs.get('run_dir')}\n# {chosen}\n"
+    )
     return header + to_yaml(cfg)
 
 
@@ -102,8 +113,10 @@ def write_plots(sweep_dir: Path, study: optuna.Study) -> list[str]:
     from optuna.visualization import matplotlib as optuna_plots
 
     missing = []
-    for name, draw in (("history.png", optuna_plots.plot_optimization_history),
-                       ("importance.png", optuna_plots.plot_param_importances)):
+    for name, draw in (
+        ("history.png", optuna_plots.plot_optimization_history),
+        ("importance.png", optuna_plots.plot_param_importances),
+    ):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
@@ -117,8 +130,15 @@ def write_plots(sweep_dir: Path, study: optuna.Study) -> list[str]:
     return missing
 
 
-def write_outputs(sweep_dir: Path, study: optuna.Study, params: list[Param], objective: Objective,
-                  base_raw: dict[str, Any], plots: bool, console: Any = None) -> None:
+def write_outputs(
+    sweep_dir: Path,
+    study: optuna.Study,
+    params: list[Param],
+    objective: Objective,
+    base_raw: dict[str, Any],
+    plots: bool,
+    console: Any = None,
+) -> None:
     write_csv(sweep_dir / "sweep.csv", trial_rows(study, params, objective))
     best = best_trial(study)
     if best is not None:

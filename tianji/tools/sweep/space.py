@@ -47,10 +47,12 @@ class Param:
         if self.kind == "categorical":
             return optuna.distributions.CategoricalDistribution([_encode(c) for c in self.choices])
         if self.kind == "int":
-            return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log,
-                                                        step=int(self.step or 1))
-        return optuna.distributions.FloatDistribution(self.low, self.high, log=self.kind == "loguniform",
-                                                      step=self.step)
+            return optuna.distributions.IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return optuna.distributions.FloatDistribution(
+            self.low, self.high, log=self.kind == "loguniform", step=self.step
+        )
 
     def suggest(self, trial: optuna.Trial) -> Any:
         """Ask the trial for this field's value (an enqueued trial gets its fixed value back)."""
@@ -143,16 +145,19 @@ def parse_spec(key: str, spec: Any) -> Param:
         log = "log" in parts
         numbers = [p for p in parts if p != "log"]
         if kind not in KINDS or len(numbers) not in (2, 3):
-            raise ConfigError(f"search space {key}: expected {'|'.join(KINDS)} as KIND:LOW:HIGH[:STEP] "
-                              f"(categorical:A,B,C), got {spec!r}")
+            raise ConfigError(
+                f"search space {key}: expected {'|'.join(KINDS)} as KIND:LOW:HIGH[:STEP] "
+                f"(categorical:A,B,C), got {spec!r}"
+            )
         mapping = {"type": kind, "low": numbers[0], "high": numbers[1], "log": log}
         if len(numbers) == 3:
             mapping["step"] = numbers[2]
         return _checked(key, mapping)
     if isinstance(spec, dict):
         return _checked(key, spec)
-    raise ConfigError(f"search space {key}: expected a mapping with 'type' or a string like 'loguniform:1e-4:1e-2', "
-                      f"got {spec!r}")
+    raise ConfigError(
+        f"search space {key}: expected a mapping with 'type' or a string like 'loguniform:1e-4:1e-2', got {spec!r}"
+    )
 
 
 def _checked(key: str, spec: dict[str, Any]) -> Param:
@@ -161,8 +166,9 @@ def _checked(key: str, spec: dict[str, Any]) -> Param:
     if kind not in KINDS:
         raise ConfigError(f"search space {key}: type must be one of {', '.join(KINDS)}, got {kind!r}")
     if unknown:
-        raise ConfigError(f"search space {key}: unknown entries {sorted(unknown)} (expected type, low, high, step, "
-                          "log or choices)")
+        raise ConfigError(
+            f"search space {key}: unknown entries {sorted(unknown)} (expected type, low, high, step, log or choices)"
+        )
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -222,8 +228,10 @@ def resolve_space(config: str, space_file: str | None, params: list[str]) -> lis
     found = {p.key: p for p in load_space_file(Path(source))} if source else {}
     found.update({p.key: p for p in map(parse_param, params)})
     if not found:
-        raise ConfigError(f"sweep {config}: no search space; give --space FILE or --param KEY=KIND:ARGS "
-                          "(e.g. --param algo.lr=loguniform:1e-4:3e-3)")
+        raise ConfigError(
+            f"sweep {config}: no search space; give --space FILE or --param KEY=KIND:ARGS "
+            "(e.g. --param algo.lr=loguniform:1e-4:3e-3)"
+        )
     return list(found.values())
 
 
@@ -236,5 +244,6 @@ def check_space(base: dict[str, Any], space: list[Param]) -> None:
                 build_config(apply_overrides(base, [override(param.key, value)]))
             except ConfigError as exc:
                 detail = str(exc).removeprefix("invalid config:\n").strip()
-                raise ConfigError(f"search space {param.key}: the value {value!r} makes an invalid config: "
-                                  f"{detail}") from None
+                raise ConfigError(
+                    f"search space {param.key}: the value {value!r} makes an invalid config: {detail}"
+                ) from None

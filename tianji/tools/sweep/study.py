@@ -72,7 +72,9 @@ class SweepSettings:
         try:
             unit, every = ("time_s", int(float(text[:-1]))) if text.endswith("s") else ("env_steps", int(float(text)))
         except ValueError:
-            raise ConfigError(f"--report-every: expected seconds like 5s or env steps like 20000, got {text!r}") from None
+            raise ConfigError(
+                f"--report-every: expected seconds like 5s or env steps like 20000, got {text!r}"
+            ) from None
         if every < 1:
             raise ConfigError(f"--report-every: expected a positive interval, got {text!r}")
         return unit, every
@@ -102,8 +104,9 @@ def make_sampler(settings: SweepSettings, trials_so_far: int) -> optuna.samplers
     if settings.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: trials running in parallel count as bad guesses, so the next one looks elsewhere
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True,
-                                      constant_liar=settings.parallel > 1)
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=5, multivariate=True, constant_liar=settings.parallel > 1
+    )
 
 
 def make_pruner(settings: SweepSettings) -> optuna.pruners.BasePruner:
@@ -117,8 +120,11 @@ def make_pruner(settings: SweepSettings) -> optuna.pruners.BasePruner:
 
 
 def _check_choices(settings: SweepSettings) -> None:
-    for name, value, allowed in (("--sampler", settings.sampler, SAMPLERS), ("--pruner", settings.pruner, PRUNERS),
-                                 ("--launcher", settings.launcher, ("local", "inline", "ray"))):
+    for name, value, allowed in (
+        ("--sampler", settings.sampler, SAMPLERS),
+        ("--pruner", settings.pruner, PRUNERS),
+        ("--launcher", settings.launcher, ("local", "inline", "ray")),
+    ):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if settings.trials < 1 or settings.parallel < 1:
@@ -144,7 +150,7 @@ def core_slots(parallel: int, cores: list[int]) -> list[list[int]]:
     share = len(cores) // parallel
     if parallel == 1 or share < 1:
         return []
-    return [cores[i * share:(i + 1) * share] for i in range(parallel)]
+    return [cores[i * share : (i + 1) * share] for i in range(parallel)]
 
 
 def usable_core_slots(settings: SweepSettings) -> list[list[int]]:
@@ -162,10 +168,17 @@ def layout_for_share(base_raw: dict[str, Any], cores: int) -> list[str]:
     raw = apply_overrides(base_raw, ["topology.actors=auto", "topology.envs_per_actor=auto"])
     planned, record = resolve_layout(build_config(raw), cores=cores)
     t = planned.topology
-    print(f"layout for a trial on {cores} core(s): {t.actors} actors x {t.envs_per_actor} envs x "
-          f"{t.fragment_length} steps ({'cached' if record['cached'] else 'measured'} plan)", flush=True)
-    return [f"topology.actors={t.actors}", f"topology.envs_per_actor={t.envs_per_actor}",
-            f"topology.fragment_length={t.fragment_length}", f"topology.learners={t.learners}"]
+    print(
+        f"layout for a trial on {cores} core(s): {t.actors} actors x {t.envs_per_actor} envs x "
+        f"{t.fragment_length} steps ({'cached' if record['cached'] else 'measured'} plan)",
+        flush=True,
+    )
+    return [
+        f"topology.actors={t.actors}",
+        f"topology.envs_per_actor={t.envs_per_actor}",
+        f"topology.fragment_length={t.fragment_length}",
+        f"topology.learners={t.learners}",
+    ]
 
 
 def create_sweep(settings: SweepSettings, sweep_dir: Path, plan_layout: bool = True) -> Path:
@@ -212,8 +225,7 @@ class Sweep:
     """Runs (or continues) the sweep in `sweep_dir` until it has `settings.trials` finished trials, its time
     is up, or Ctrl-C."""
 
-    def __init__(self, sweep_dir: Path, console: "SweepConsole | None" = None,
-                 process_factory: Any = TrialProcess):
+    def __init__(self, sweep_dir: Path, console: SweepConsole | None = None, process_factory: Any = TrialProcess):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own lines for each trial
         self.dir = sweep_dir
         self.settings = load_settings(sweep_dir)
@@ -224,8 +236,12 @@ class Sweep:
         self.unit, self.every = self.settings.report_unit()
         store = storage(sweep_dir)
         existing = len(optuna.load_study(study_name=STUDY_NAME, storage=store).trials)
-        self.study = optuna.load_study(study_name=STUDY_NAME, storage=store,
-                                       sampler=make_sampler(self.settings, existing), pruner=make_pruner(self.settings))
+        self.study = optuna.load_study(
+            study_name=STUDY_NAME,
+            storage=store,
+            sampler=make_sampler(self.settings, existing),
+            pruner=make_pruner(self.settings),
+        )
         self.running: dict[int, Running] = {}
         self.console = console or SweepConsole()
         self.settings.cores_per_trial = usable_core_slots(self.settings)
@@ -236,8 +252,11 @@ class Sweep:
     def finished(self) -> list[optuna.trial.FrozenTrial]:
         """Trials that count toward --trials: finished, and not interrupted (those run again on --resume)."""
         retried = {t.user_attrs.get("retry_of") for t in self.study.trials}
-        return [t for t in self.study.trials if t.state in FINISHED and not t.user_attrs.get("interrupted")
-                and t.number not in retried]
+        return [
+            t
+            for t in self.study.trials
+            if t.state in FINISHED and not t.user_attrs.get("interrupted") and t.number not in retried
+        ]
 
     def wants_more(self) -> bool:
         time_left = self.deadline is None or time.time() < self.deadline
@@ -296,8 +315,9 @@ class Sweep:
         overrides = list(self.settings.trial_overrides)
         if not continue_run:
             overrides += [override(key, value) for key, value in values.items()]
-        command = train_command(self.base_path, run_dir, overrides, self.settings.launcher, self.settings.address,
-                                resume=bool(continue_run))
+        command = train_command(
+            self.base_path, run_dir, overrides, self.settings.launcher, self.settings.address, resume=bool(continue_run)
+        )
         slot = min(set(range(self.settings.parallel)) - {r.slot for r in self.running.values()})
         cores = self.settings.cores_per_trial[slot] if self.settings.cores_per_trial else None
         process = self.process_factory(command, run_dir, cores)
@@ -311,8 +331,9 @@ class Sweep:
         process.start()
         self.running[trial.number] = running
         what = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
-        self.console.event(f"trial {trial.number} started{' (continues ' + continue_run + ')' if continue_run else ''}"
-                           f": {what}")
+        self.console.event(
+            f"trial {trial.number} started{' (continues ' + continue_run + ')' if continue_run else ''}: {what}"
+        )
 
     def step(self, r: Running) -> None:
         """Read the trial's new rows, report them, and stop it when pruned, hung or over its budget."""
@@ -361,8 +382,16 @@ class Sweep:
         summary = r.process.summary()
         state, value, note = self.outcome(r, code, summary)
         if summary is not None:
-            for key in ("target_reached", "time_to_target_s", "final_return_mean100", "final_eval_return_mean",
-                        "final_eval_win_rate", "env_steps", "wall_time_s", "stop_reason"):
+            for key in (
+                "target_reached",
+                "time_to_target_s",
+                "final_return_mean100",
+                "final_eval_return_mean",
+                "final_eval_win_rate",
+                "env_steps",
+                "wall_time_s",
+                "stop_reason",
+            ):
                 r.trial.set_user_attr(key, summary.get(key))
         if note:
             r.trial.set_user_attr("note", note)
@@ -376,8 +405,9 @@ class Sweep:
         self.console.event(f"trial {r.trial.number} {state.name}{shown}{' (' + note + ')' if note else ''}")
         self.write_outputs(plots=False)
 
-    def outcome(self, r: Running, code: int, summary: dict[str, Any] | None
-                ) -> tuple[optuna.trial.TrialState, float | None, str | None]:
+    def outcome(
+        self, r: Running, code: int, summary: dict[str, Any] | None
+    ) -> tuple[optuna.trial.TrialState, float | None, str | None]:
         # it ended on its own (a stop request may have come during its shutdown): its summary's result counts
         natural = summary is not None and summary.get("stop_reason") not in (None, "interrupted", "error")
         if natural:
@@ -440,22 +470,30 @@ class Sweep:
         parts = [f"trials {len(done)}/{self.settings.trials} done"]
         for r in self.running.values():
             metric = self.objective.intermediate(r.last_row) if r.last_row else None
-            parts.append(f"#{r.trial.number} {r.process.elapsed():.0f}s "
-                         + (f"now {metric:.4g}" if metric is not None else "starting"))
+            parts.append(
+                f"#{r.trial.number} {r.process.elapsed():.0f}s "
+                + (f"now {metric:.4g}" if metric is not None else "starting")
+            )
         complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
         if complete:
-            best = min(complete, key=lambda t: t.value) if self.objective.direction == "minimize" \
+            best = (
+                min(complete, key=lambda t: t.value)
+                if self.objective.direction == "minimize"
                 else max(complete, key=lambda t: t.value)
+            )
             parts.append(f"best #{best.number} {best.value:.4g}")
-        parts.append(f"{states.count(optuna.trial.TrialState.PRUNED)} pruned, "
-                     f"{states.count(optuna.trial.TrialState.FAIL)} failed")
+        parts.append(
+            f"{states.count(optuna.trial.TrialState.PRUNED)} pruned, "
+            f"{states.count(optuna.trial.TrialState.FAIL)} failed"
+        )
         if self.deadline:
             parts.append(f"{max(0.0, self.deadline - time.time()) / 60:.1f} min left")
         return " | ".join(parts)
 
     def write_outputs(self, plots: bool) -> None:
-        write_outputs(self.dir, self.study, self.params, self.objective, self.base_raw, plots=plots,
-                      console=self.console)
+        write_outputs(
+            self.dir, self.study, self.params, self.objective, self.base_raw, plots=plots, console=self.console
+        )
 
 
 def _env_step_budget(raw: dict[str, Any]) -> int | None:

@@ -35,8 +35,14 @@ def _prepare_child(cores: list[int] | None, sweep_pid: int) -> None:
     die_with_parent(sweep_pid)
 
 
-def train_command(config: Path, run_dir: Path, overrides: list[str], launcher: str = "local",
-                  address: str | None = None, resume: bool = False) -> list[str]:
+def train_command(
+    config: Path,
+    run_dir: Path,
+    overrides: list[str],
+    launcher: str = "local",
+    address: str | None = None,
+    resume: bool = False,
+) -> list[str]:
     """The command a trial runs: `python -m tianji train` on the sweep's base config (or --resume of an
     interrupted trial's run) with the trial's values as --set overrides."""
     command = [sys.executable, "-m", "tianji", "train"]
@@ -66,11 +72,17 @@ class TrialProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = self.run_dir / "metrics.jsonl"
         self._offset = metrics.stat().st_size if metrics.exists() else 0  # a resumed run appends
-        log = open(self.run_dir / LOG_NAME, "ab")
+        log = open(self.run_dir / LOG_NAME, "ab")  # noqa: SIM115  (the trial's output until it ends; closed in wait)
         cores, sweep_pid = self.cores, os.getpid()
         # its own session: the terminal's Ctrl-C reaches the sweep only, which stops each trial cleanly
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, preexec_fn=lambda: _prepare_child(cores, sweep_pid))
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lambda: _prepare_child(cores, sweep_pid),
+        )
         log.close()
         self.started = time.time()
 
