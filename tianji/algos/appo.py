@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+import gymnasium as gym
 import torch
 from pydantic import Field
 
-from tianji.algos.base import AlgoSpec
+from tianji.algos.base import AlgoSpec, OnPolicyLearner
 from tianji.algos.common.batches import minibatch_steps
-from tianji.algos.common.networks import trunk_health
+from tianji.algos.common.networks import PolicyValueNet, trunk_health
+from tianji.algos.common.optim import Stats
 from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, adam_eps
-from tianji.algos.impala import IMPALALearner, IMPALAPolicy, VTraceConfig, time_major_batch, vtrace_targets
+from tianji.algos.impala import IMPALAPolicy, VTraceConfig, make_net, time_major_batch, vtrace_targets
 from tianji.algos.ppo import check_spaces, ppo_loss
 
 
@@ -53,7 +55,12 @@ class APPOConfig(VTraceConfig):
     init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
 
 
-class APPOLearner(IMPALALearner):
+class APPOLearner(OnPolicyLearner[PolicyValueNet]):
+    cfg: APPOConfig
+
+    def __init__(self, cfg: APPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
+        super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
+
     def update(self) -> dict[str, float]:
         samples, diagnostics = vtrace_targets(self.net, time_major_batch(self.take_batch(), self.device), self.cfg)
         return {
@@ -62,7 +69,7 @@ class APPOLearner(IMPALALearner):
             **trunk_health(self.net),
         }
 
-    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
         centre = b["prox_logp"] if self.cfg.proximal else b["logp"]
         return ppo_loss(logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"])

@@ -14,10 +14,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import torch
+
+from tianji.algos.common.optim import GradientStep, Optimizer, TrainedSettings
 
 Arrays = dict[str, np.ndarray]
 
@@ -31,19 +34,22 @@ class Placement:
     envs_per_actor: int = 1
 
 
-class ActorPolicy(Protocol):
+ObsT = TypeVar("ObsT", contravariant=True)  # a batch of observations: an array, or arrays by name (multi-agent)
+
+
+class ActorPolicy(Protocol[ObsT]):
     """Batched inference inside an actor."""
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Replace the parameters with a learner's published weights."""
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, Arrays]:
+    def act(self, obs: ObsT) -> tuple[np.ndarray, Arrays]:
         """Actions for a batch of observations, plus per-step extras to record (e.g. log-probs)."""
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
+    def greedy(self, obs: ObsT) -> np.ndarray:
         """Deterministic actions for evaluation."""
 
-    def finish_fragment(self, fragment: Arrays, last_obs: np.ndarray) -> Arrays:
+    def finish_fragment(self, fragment: Arrays, last_obs: ObsT) -> Arrays:
         """Add what the learner needs beyond the recorded steps (e.g. bootstrap values)."""
 
 
@@ -81,9 +87,8 @@ class AlgoLearner(Protocol):
     def add(self, fragment: Mapping[str, np.ndarray]) -> None:
         """Take one fragment (arrays shaped [T, k, ...] plus per-fragment extras). The arrays may be
         read-only views of shared memory: never write them; copy what must outlive this call
-        unless `holds_fragments` is True (then they stay valid until the next update returns)."""
-
-    holds_fragments: bool  # optional, default False: `add` keeps the arrays until the next update
+        unless the learner has `holds_fragments = True` (an optional class attribute: then they stay
+        valid until the next update returns)."""
 
     def wants_data(self) -> bool:
         """False while the buffer is full; the runtime then leaves fragments (and credits) with actors."""
@@ -118,9 +123,9 @@ class AlgoSpec:
 
     name: str
     config: type  # its `algo` config section (a pydantic model whose `name` field is `name`)
-    make_policy: Callable[[Any, Any, Any, Placement], ActorPolicy]
+    make_policy: Callable[[Any, gym.Space, gym.Space, Placement], ActorPolicy[Any]]  # (algo config, spaces, where)
     make_learner: Callable[..., AlgoLearner]  # (algo config, obs space, action space, device="cpu")
-    check_spaces: Callable[[Any, Any], None]  # raises ValueError naming what the algorithm cannot take
+    check_spaces: Callable[[gym.Space, gym.Space], None]  # raises ValueError naming what the algorithm cannot take
     policy_weights: Callable[[Mapping[str, Any]], Arrays] = net_weights  # from a checkpoint's `algo` state
 
 
@@ -182,6 +187,11 @@ def mlp(sizes: list[int], activation: type[torch.nn.Module] = torch.nn.Tanh) -> 
     return torch.nn.Sequential(*layers)
 
 
+class BatchSettings(Protocol):
+    @property
+    def batch_fragments(self) -> int: ...  # fragments gathered into one training batch
+
+
 class OnPolicyBatches:
     """The buffer of an on-policy learner: at most one batch of `cfg.batch_fragments` fragments, so
     that when the learner is busy back-pressure reaches the actors instead of stale data queueing.
@@ -189,7 +199,7 @@ class OnPolicyBatches:
     runtime hands them over as views of the actors' shared memory and frees the slots afterwards."""
 
     holds_fragments = True
-    cfg: Any
+    cfg: BatchSettings
     pending: list[Mapping[str, np.ndarray]]
     _samples_per_fragment: int = 0
 
@@ -211,11 +221,21 @@ class OnPolicyBatches:
         return batch
 
 
-class NetAndOptimizer:
-    """Weights, parameters and checkpoint state of a learner that trains one `net` with one `optimizer`."""
+NetT = TypeVar("NetT", bound=torch.nn.Module)
 
-    net: torch.nn.Module
-    optimizer: Any  # tianji.algos.common.optim.Adam or RMSprop
+
+class NetAndOptimizer(Generic[NetT]):
+    """Weights, parameters and checkpoint state of a learner that trains one `net` with one gradient `step`
+    (its optimizer, clip and schedule)."""
+
+    net: NetT
+    step: GradientStep
+    sync: GradientHook = NO_HOOK
+    env_steps: int = 0
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.step.optimizer
 
     def weights(self) -> Arrays:
         return module_weights(self.net)
@@ -232,3 +252,31 @@ class NetAndOptimizer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class OnPolicySettings(BatchSettings, TrainedSettings, Protocol):
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def minibatches(self) -> int: ...
+
+
+class OnPolicyLearner(OnPolicyBatches, NetAndOptimizer[NetT]):
+    """What the learners of PPO, IMPALA, APPO and MAPPO share: one network on the learner's device, one
+    gradient step (optimizer, clip, schedule), one batch of fragments at a time.
+
+        class PPOLearner(OnPolicyLearner[PolicyValueNet]):
+            def __init__(self, cfg, obs_space, act_space, device="cpu"):
+                super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
+    """
+
+    cfg: OnPolicySettings
+
+    def __init__(self, cfg: OnPolicySettings, net: NetT, device: str = "cpu"):
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        self.net = net.to(self.device)
+        self.step = GradientStep.from_config(self.net.parameters(), cfg)
+        self.sync = NO_HOOK
+        self.env_steps = 0
+        self.pending = []

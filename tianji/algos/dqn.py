@@ -20,13 +20,14 @@ from tianji.algos.base import (
     NO_HOOK,
     AlgoSpec,
     Arrays,
+    GradientHook,
     NetAndOptimizer,
     Placement,
     load_module_weights,
     resolve_device,
     to_device,
 )
-from tianji.algos.common.networks import make_trunk
+from tianji.algos.common.networks import make_trunk, shape_of
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.replay import PrioritizedReplay
 from tianji.algos.common.returns import nstep_transitions
@@ -122,6 +123,7 @@ class QNetwork(nn.Module):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool, model: str):
         super().__init__()
         check_spaces(obs_space, act_space)
+        assert isinstance(act_space, gym.spaces.Discrete)
         n_actions = int(act_space.n)
         self.dueling = dueling
         self.trunk, width = make_trunk(obs_space, hidden, model, nn.ReLU)
@@ -150,6 +152,7 @@ class DQNPolicy:
         self.cfg = cfg
         self.net = _make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
+        assert isinstance(act_space, gym.spaces.Discrete)  # check_spaces made sure
         self.n_actions = int(act_space.n)
         self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
         self.steps = 0
@@ -212,7 +215,7 @@ class DQNPolicy:
 # ------------------------------------------------------------------ learner side
 
 
-class DQNLearner(NetAndOptimizer):
+class DQNLearner(NetAndOptimizer[nn.Module]):
     def __init__(self, cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         self.cfg = cfg
         self.device = resolve_device(device)
@@ -221,17 +224,16 @@ class DQNLearner(NetAndOptimizer):
         self.target.load_state_dict(self.net.state_dict())
         self.target.requires_grad_(False)
         self.step = GradientStep.from_config(self.net.parameters(), cfg)
-        self.optimizer = self.step.optimizer
-        self.sync = NO_HOOK
+        self.sync: GradientHook = NO_HOOK
         self.env_steps = 0
         self.replay = PrioritizedReplay(
             cfg.buffer_capacity,
             {
-                "obs": (obs_space.shape, obs_space.dtype),
-                "next_obs": (obs_space.shape, obs_space.dtype),
-                "action": ((), np.int64),
-                "nstep_return": ((), np.float32),
-                "discount": ((), np.float32),
+                "obs": (shape_of(obs_space), np.dtype(obs_space.dtype)),
+                "next_obs": (shape_of(obs_space), np.dtype(obs_space.dtype)),
+                "action": ((), np.dtype(np.int64)),
+                "nstep_return": ((), np.dtype(np.float32)),
+                "discount": ((), np.dtype(np.float32)),
             },
             alpha=cfg.priority_alpha if cfg.prioritized else 0.0,
         )
@@ -269,11 +271,9 @@ class DQNLearner(NetAndOptimizer):
         q = self.net(torch.cat([t["obs"], t["next_obs"]])) if c.double else self.net(t["obs"])
         q_obs = q[: c.batch_size]
         with torch.no_grad():
-            next_q_online = q[c.batch_size :].detach() if c.double else None
             next_q_target = self.target(t["next_obs"])
-            targets = double_q_targets(
-                t["nstep_return"], t["discount"], next_q_online if c.double else next_q_target, next_q_target, c.double
-            )
+            next_q_online = q[c.batch_size :].detach() if c.double else next_q_target
+            targets = double_q_targets(t["nstep_return"], t["discount"], next_q_online, next_q_target, c.double)
         q_taken = q_obs.gather(-1, t["action"].unsqueeze(-1)).squeeze(-1)
         loss, td = td_loss(q_taken, targets, to_device(weights, self.device))
         step = self.step(loss, self.sync, self.env_steps)

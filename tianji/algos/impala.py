@@ -22,17 +22,14 @@ import torch
 from pydantic import Field
 
 from tianji.algos.base import (
-    NO_HOOK,
     AlgoSpec,
     Arrays,
-    NetAndOptimizer,
-    OnPolicyBatches,
+    OnPolicyLearner,
     explained_variance,
-    resolve_device,
 )
 from tianji.algos.common.batches import minibatch_steps, time_major
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import vtrace
 from tianji.algos.common.settings import INIT_DESCRIPTION, MODEL_DESCRIPTION, ModelName, TrainedConfig
 from tianji.algos.ppo import PPOPolicy, check_spaces
@@ -52,6 +49,7 @@ class VTraceConfig(TrainedConfig):
         default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
     )
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
 class IMPALAConfig(VTraceConfig):
@@ -74,7 +72,6 @@ class IMPALAConfig(VTraceConfig):
         "paper), center (subtract their mean: a batch baseline that removes the step-to-step push on every action "
         "taken), standard (also divide by their deviation, as PPO does).",
     )
-    init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
 def impala_loss(
@@ -84,7 +81,7 @@ def impala_loss(
     vs: torch.Tensor,
     entropy: torch.Tensor,
     cfg: IMPALAConfig,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Stats]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
     the batch's valid steps (the IMPALA paper sums them; see tianji.algos.common.optim for the equivalent settings).
     `cfg.advantage_norm`: center subtracts the advantages' mean first, standard also divides by their deviation."""
@@ -104,7 +101,7 @@ def impala_loss(
     }
 
 
-def make_net(cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
+def make_net(cfg: VTraceConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
     check_spaces(obs_space, act_space)
     return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init)
 
@@ -123,20 +120,15 @@ class IMPALAPolicy(PPOPolicy):
         return {"last_obs": last_obs}  # the learner bootstraps from it with its own values
 
 
-class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
+class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
     """One batch, one gradient step (V-trace computed in the same forward pass), unless `minibatches`
     or `epochs` ask for more: then V-trace targets are computed once per batch with the current
     parameters and the steps take random samples of the batch's valid steps, from every env."""
 
+    cfg: IMPALAConfig
+
     def __init__(self, cfg: IMPALAConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.step = GradientStep.from_config(self.net.parameters(), cfg)
-        self.optimizer = self.step.optimizer
-        self.sync = NO_HOOK
-        self.env_steps = 0
-        self.pending: list[Mapping[str, np.ndarray]] = []
+        super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
 
     def update(self) -> dict[str, float]:
         batch = time_major_batch(self.take_batch(), self.device)
@@ -149,7 +141,7 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
             **trunk_health(self.net),
         }
 
-    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
         loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg)
         stats["approx_kl"] = approx_kl(logp.detach() - b["logp"])
@@ -189,7 +181,7 @@ class IMPALALearner(OnPolicyBatches, NetAndOptimizer):
 
 @torch.no_grad()
 def vtrace_targets(
-    net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: IMPALAConfig
+    net: PolicyValueNet, b: dict[str, torch.Tensor], cfg: VTraceConfig
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The batch's valid steps as flat samples (observation, action, behaviour log-prob, log-prob and
     value now, V-trace target and advantage) from one forward pass with the current parameters, and how far

@@ -19,21 +19,19 @@ from pydantic import Field
 from torch import nn
 
 from tianji.algos.base import (
-    NO_HOOK,
     AlgoSpec,
     Arrays,
-    NetAndOptimizer,
-    OnPolicyBatches,
+    OnPolicyLearner,
     Placement,
     explained_variance,
     load_module_weights,
     mlp,
-    resolve_device,
     to_device,
 )
 from tianji.algos.common.batches import joined, time_major
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.networks import last_linear
+from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import compute_gae
 from tianji.algos.ppo import SurrogateConfig, ppo_loss, proximal_weights, staleness_stats
 
@@ -83,8 +81,9 @@ class SharedActorCritic(nn.Module):
             self.pi = mlp([obs_dim + n_agents, *hidden, n_actions])
         self.v = mlp([state_dim if centralised_value else obs_dim + n_agents, *hidden, 1])
         with torch.no_grad():
-            self.pi[-1].weight.mul_(0.01)
-            self.pi[-1].bias.zero_()
+            head = last_linear(self.pi)
+            head.weight.mul_(0.01)
+            head.bias.zero_()
 
     def agent_inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """[B, n, d] -> [B, n, d + n]: every agent sees its own id."""
@@ -97,6 +96,7 @@ class SharedActorCritic(nn.Module):
         """Masked logits [B, n, A] and the new memory ([B, n, H]; None without recurrence)."""
         x = self.agent_inputs(obs)
         if self.recurrent_hidden:
+            assert h is not None, "a recurrent policy needs its memory"
             batch, n = x.shape[:2]
             h = self.gru(torch.relu(self.encoder(x)).reshape(batch * n, -1), h.reshape(batch * n, -1)).reshape(
                 batch, n, -1
@@ -166,20 +166,16 @@ class MAPPOPolicy:
         if self.proximal:  # the learner evaluates what follows the fragment itself
             extras.update(last_obs=np.asarray(last_obs["obs"]), last_state=np.asarray(last_obs["state"]))
         if self.net.recurrent_hidden:  # the next fragment starts where this one ended
+            assert self.h is not None and self.h0 is not None  # a fragment was collected
             extras["h0"], self.h0 = self.h0, self.h.numpy().copy()
         return extras
 
 
-class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
+class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
+    cfg: MAPPOConfig
+
     def __init__(self, cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.step = GradientStep.from_config(self.net.parameters(), cfg)
-        self.optimizer = self.step.optimizer
-        self.sync = NO_HOOK
-        self.env_steps = 0
-        self.pending: list[Mapping[str, np.ndarray]] = []
+        super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
 
     def _advantages(
         self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray
@@ -294,11 +290,13 @@ class MAPPOLearner(OnPolicyBatches, NetAndOptimizer):
         logits = []
         for t in range(b["obs"].shape[0]):
             h = h * (~b["first"][t, envs]).float().view(-1, 1, 1)
-            step_logits, h = self.net.logits(b["obs"][t, envs], b["avail_actions"][t, envs], h)
+            step_logits, memory = self.net.logits(b["obs"][t, envs], b["avail_actions"][t, envs], h)
+            assert memory is not None
+            h = memory
             logits.append(step_logits)
         return torch.cat(logits)
 
-    def _step(self, logits: torch.Tensor, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _step(self, logits: torch.Tensor, b: dict[str, torch.Tensor]) -> Stats:
         """One optimizer step of PPO's loss over the agent-steps that count."""
         log_probs = torch.log_softmax(logits, dim=-1)
         logp = log_probs.gather(-1, b["action"].long().unsqueeze(-1)).squeeze(-1)

@@ -29,20 +29,17 @@ import torch
 from pydantic import Field
 
 from tianji.algos.base import (
-    NO_HOOK,
     AlgoSpec,
     Arrays,
-    NetAndOptimizer,
-    OnPolicyBatches,
+    OnPolicyLearner,
     Placement,
     explained_variance,
     load_module_weights,
-    resolve_device,
     to_device,
 )
 from tianji.algos.common.batches import joined, minibatch_steps, time_major
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import compute_gae
 from tianji.algos.common.settings import (
     INIT_DESCRIPTION,
@@ -93,11 +90,16 @@ class SurrogateConfig(TrainedConfig):
 class SurrogateSettings(Protocol):
     """What `ppo_loss` reads of a config (PPO's, MAPPO's and APPO's all have it)."""
 
-    clip: float
-    value_clip: float | None
-    value_coef: float
-    entropy_coef: float
-    normalize_advantages: bool
+    @property
+    def clip(self) -> float: ...
+    @property
+    def value_clip(self) -> float | None: ...
+    @property
+    def value_coef(self) -> float: ...
+    @property
+    def entropy_coef(self) -> float: ...
+    @property
+    def normalize_advantages(self) -> bool: ...
 
 
 class PPOConfig(SurrogateConfig):
@@ -117,7 +119,7 @@ def ppo_loss(
     cfg: SurrogateSettings,
     old_values: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Stats]:
     """Clipped surrogate + value loss - entropy bonus, each a mean over one minibatch of valid steps.
 
     The ratio is new / old policy, `old_logp` being the policy the clip is centred on: the actor's
@@ -140,7 +142,7 @@ def ppo_loss(
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
     with torch.no_grad():
-        stats = {
+        stats: Stats = {
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
             "entropy": entropy_mean.detach(),
@@ -219,23 +221,18 @@ class PPOPolicy:
 # ------------------------------------------------------------------ learner side
 
 
-class PPOLearner(OnPolicyBatches, NetAndOptimizer):
+class PPOLearner(OnPolicyLearner[PolicyValueNet]):
+    cfg: PPOConfig
+
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.net = make_net(cfg, obs_space, act_space).to(self.device)
-        self.step = GradientStep.from_config(self.net.parameters(), cfg)
-        self.optimizer = self.step.optimizer
-        self.sync = NO_HOOK
-        self.env_steps = 0
-        self.pending: list[Mapping[str, np.ndarray]] = []
+        super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
 
     def update(self) -> dict[str, float]:
         samples, diagnostics = self._samples()
         stats = minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps)
         return {**stats, **diagnostics, **trunk_health(self.net)}
 
-    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, value = self.net.evaluate(b["obs"], b["action"])
         weights = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.proximal else None
         return ppo_loss(logp, b["prox_logp"], b["adv"], value, b["ret"], entropy, self.cfg, b["value"], weights)

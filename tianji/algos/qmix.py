@@ -25,6 +25,7 @@ from tianji.algos.base import (
     NO_HOOK,
     AlgoSpec,
     Arrays,
+    GradientHook,
     Placement,
     load_module_weights,
     module_weights,
@@ -154,6 +155,7 @@ class QMIXPolicy:
         if self.h is None:
             self.h = torch.zeros(k, n, self.net.hidden)
             self.last_action = np.full((k, n), -1, np.int64)
+        assert self.h is not None and self.last_action is not None
         first = obs["first"].reshape(k).astype(bool)
         self.h[torch.from_numpy(first)] = 0.0  # a new episode: no memory, no last action
         self.last_action[first] = -1
@@ -165,6 +167,7 @@ class QMIXPolicy:
 
     def act(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, Arrays]:
         q = self._q(obs)  # resets the memory and last actions of envs that start an episode
+        assert self.last_action is not None
         last = self.last_action.copy()
         avail = obs["avail_actions"].astype(bool)
         greedy = np.where(avail, q, UNAVAILABLE).argmax(-1)
@@ -182,6 +185,7 @@ class QMIXPolicy:
         return action
 
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
+        assert self.h is not None and self.h0 is not None and self.last_action is not None  # a fragment was collected
         h0, self.h0 = self.h0, self.h.numpy().copy()  # the next fragment starts where this one ended
         return {
             "h0": h0,
@@ -228,7 +232,7 @@ class QMIXLearner:
         self._sync_targets()
         self.step = GradientStep.from_config([*self.agent.parameters(), *self.mixer.parameters()], cfg)
         self.optimizer = self.step.optimizer
-        self.sync = NO_HOOK
+        self.sync: GradientHook = NO_HOOK
         self.env_steps = 0
         self.replay = SequenceReplay(cfg.buffer_sequences)
         self.rng = np.random.default_rng(torch.initial_seed() % (2**32))
@@ -304,7 +308,7 @@ class QMIXLearner:
             "loss": float(loss.detach()),
             "q_tot_mean": float((q_tot.detach() * valid).sum() / valid.sum().clamp(min=1.0)),
             "grad_norm": float(step["grad_norm"]),
-            "lr": step["lr"],
+            "lr": float(step["lr"]),
             "replay_sequences": float(len(self.replay)),
         }
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from tianji.algos.base import GradientHook, to_device
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.optim import GradientStep, Stats
 
-Loss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Loss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, Stats]]
 
 
 def joined(fragments: list[Mapping[str, np.ndarray]], key: str, axis: int) -> np.ndarray:

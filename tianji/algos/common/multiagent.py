@@ -23,5 +23,7 @@ def check_multiagent_spaces(obs_space: gym.Space, act_space: gym.Space, algo: st
 
 def team_sizes(obs_space: gym.Space, act_space: gym.Space) -> tuple[int, int, int, int]:
     """(agents, observation size, actions per agent, global state size)."""
-    n, obs_dim = obs_space["obs"].shape
-    return n, obs_dim, int(act_space.nvec[0]), obs_space["state"].shape[0]
+    assert isinstance(obs_space, gym.spaces.Dict) and isinstance(act_space, gym.spaces.MultiDiscrete)
+    n, obs_dim = obs_space["obs"].shape or (0, 0)
+    state = obs_space["state"].shape or (0,)
+    return n, obs_dim, int(act_space.nvec[0]), state[0]

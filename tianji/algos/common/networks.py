@@ -24,6 +24,13 @@ SMALL_CNN_FEATURES = 256
 IMAGE_MODELS = ("cnn", "cnn_small")
 
 
+def shape_of(space: gym.Space) -> tuple[int, ...]:
+    """A space's shape (every space TianJi trains on has one)."""
+    if space.shape is None:
+        raise ValueError(f"observation space {space} has no shape")
+    return space.shape
+
+
 def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
 
@@ -86,7 +93,7 @@ class NatureCNN(nn.Module):
 
     def __init__(self, obs_space: gym.Space, small: bool = False):
         super().__init__()
-        shape = obs_space.shape
+        shape = shape_of(obs_space)
         self.channels_last = shape[-1] < shape[0]  # (84, 84, 4) rather than (4, 84, 84)
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         self.scale = _scale(obs_space)
@@ -118,7 +125,7 @@ def make_trunk(
     if chosen in IMAGE_MODELS:
         small = chosen == "cnn_small"
         return NatureCNN(obs_space, small), SMALL_CNN_FEATURES if small else CNN_FEATURES
-    flat = int(np.prod(obs_space.shape))
+    flat = int(np.prod(shape_of(obs_space)))
     if not hidden:
         return Flatten(obs_space), flat
     return nn.Sequential(Flatten(obs_space), mlp([flat, *hidden], activation), activation()), hidden[-1]
@@ -132,11 +139,14 @@ def init_orthogonal(module: nn.Module, policy_head: nn.Linear, value_head: nn.Li
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 gain = 0.01 if layer is policy_head else 1.0 if layer is value_head else np.sqrt(2)
                 nn.init.orthogonal_(layer.weight, gain)
-                nn.init.zeros_(layer.bias)
+                if layer.bias is not None:
+                    nn.init.zeros_(layer.bias)
 
 
 def last_linear(head: nn.Module) -> nn.Linear:
-    return head if isinstance(head, nn.Linear) else head[-1]
+    layer = head if isinstance(head, nn.Linear) else list(head.children())[-1]
+    assert isinstance(layer, nn.Linear)
+    return layer
 
 
 class PolicyValueNet(nn.Module):
@@ -148,16 +158,17 @@ class PolicyValueNet(nn.Module):
     ):
         super().__init__()
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
-        out_dim = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        out_dim = int(act_space.n) if isinstance(act_space, gym.spaces.Discrete) else int(np.prod(shape_of(act_space)))
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out_dim))
         self.shared = choose_model(obs_space, model) in IMAGE_MODELS
         if self.shared:
             self.body, width = make_trunk(obs_space, hidden, model)
-            self.pi, self.v = nn.Linear(width, out_dim), nn.Linear(width, 1)
+            self.pi: nn.Module = nn.Linear(width, out_dim)
+            self.v: nn.Module = nn.Linear(width, 1)
         else:
             self.flat = Flatten(obs_space)
-            obs_dim = int(np.prod(obs_space.shape))
+            obs_dim = int(np.prod(shape_of(obs_space)))
             self.pi, self.v = mlp([obs_dim, *hidden, out_dim]), mlp([obs_dim, *hidden, 1])
         if init == "orthogonal":
             init_orthogonal(self, last_linear(self.pi), last_linear(self.v))

@@ -29,8 +29,8 @@ class _Foreach:
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float):
-        self.params = [p for p in params if p.requires_grad]
+    def __init__(self, params: Iterable[torch.Tensor], lr: float):
+        self.params: list[torch.Tensor] = [p for p in params if p.requires_grad]
         self.lr = lr
         self.steps = 0
         self.state = {name: [torch.zeros_like(p) for p in self.params] for name in self.state_names}
@@ -43,7 +43,8 @@ class _Foreach:
         """Parameters that have gradients, their gradients and their state tensors."""
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
         params = [self.params[i] for i in present]
-        return params, [p.grad for p in params], {k: [v[i] for i in present] for k, v in self.state.items()}
+        grads = [p.grad for p in params if p.grad is not None]
+        return params, grads, {k: [v[i] for i in present] for k, v in self.state.items()}
 
     def moments(self) -> list[torch.Tensor]:
         """Every state tensor, in place (what a learner group may average)."""
@@ -74,7 +75,7 @@ class Adam(_Foreach):
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Iterable[torch.Tensor],
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -107,7 +108,7 @@ class RMSprop(_Foreach):
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Iterable[torch.Tensor],
         lr: float,
         alpha: float = 0.99,
         eps: float = 1e-8,
@@ -149,7 +150,7 @@ class TensorFlowRMSprop(_Foreach):
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Iterable[torch.Tensor],
         lr: float,
         alpha: float = 0.99,
         eps: float = 1e-10,
@@ -181,16 +182,23 @@ Optimizer = Adam | RMSprop | TensorFlowRMSprop
 
 
 class OptimizerSettings(Protocol):  # tianji.config.OptimizerConfig
-    name: str
-    eps: float
-    beta1: float
-    beta2: float
-    alpha: float
-    momentum: float
-    initial_average: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def beta1(self) -> float: ...
+    @property
+    def beta2(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def momentum(self) -> float: ...
+    @property
+    def initial_average(self) -> float: ...
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerSettings, lr: float) -> Optimizer:
+def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerSettings, lr: float) -> Optimizer:
     if cfg.name == "adam":
         return Adam(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if cfg.name == "rmsprop":
@@ -221,6 +229,22 @@ def lr_schedule(schedule: str, horizon: int | None) -> LinearDecay | None:
     return LinearDecay(horizon)
 
 
+class TrainedSettings(Protocol):  # tianji.algos.common.settings.TrainedConfig, plus the clip every algorithm sets
+    @property
+    def optimizer(self) -> OptimizerSettings: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def lr_schedule(self) -> str: ...
+    @property
+    def lr_horizon(self) -> int | None: ...
+
+
+Stats = dict[str, "torch.Tensor | float"]  # one gradient step's numbers (tensors: no device sync until logged)
+
+
 class _Sync(Protocol):  # tianji.algos.base.GradientHook
     def gradients(self, params: list[torch.Tensor]) -> None: ...
 
@@ -237,7 +261,7 @@ class GradientStep:
         self.base_lr = optimizer.lr
 
     @classmethod
-    def from_config(cls, params: Iterable[torch.nn.Parameter], cfg: Any) -> GradientStep:
+    def from_config(cls, params: Iterable[torch.Tensor], cfg: TrainedSettings) -> GradientStep:
         """The optimizer, clip and schedule an algorithm's config (`TrainedConfig` fields) asks for."""
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr)
         return cls(optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
@@ -245,7 +269,7 @@ class GradientStep:
     def lr(self, env_steps: int) -> float:
         return self.base_lr * (self.schedule(env_steps) if self.schedule is not None else 1.0)
 
-    def __call__(self, loss: torch.Tensor, sync: _Sync, env_steps: int = 0) -> dict[str, torch.Tensor | float]:
+    def __call__(self, loss: torch.Tensor, sync: _Sync, env_steps: int = 0) -> Stats:
         self.optimizer.zero_grad()
         loss.backward()
         sync.gradients(self.optimizer.params)
