@@ -107,6 +107,17 @@ def test_every_algorithm_is_one_registry_entry_whose_config_is_the_algo_section(
         assert type(build_config({"algo": {"name": name}}).algo) is spec.config
 
 
+def test_the_type_checkers_algo_union_is_the_registry():
+    """tianji.config spells the `algo` union out for mypy; it must name every registered config, no more."""
+    import re
+
+    from tianji.algos import ALGOS
+
+    source = (Path(__file__).parents[1] / "tianji" / "config.py").read_text()
+    spelled = re.search(r"    AlgoConfig = ([A-Za-z| ]+)\n", source).group(1).split(" | ")
+    assert sorted(spelled) == sorted(spec.config.__name__ for spec in ALGOS.values())
+
+
 def test_every_algorithm_reads_its_policy_out_of_its_own_checkpoint():
     import gymnasium as gym
     import numpy as np

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -22,8 +22,17 @@ from tianji.sections import ConfigError, Section
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "EnvConfig", "build_config", "load_config"]
 
-# a union built from the registry: only typing.Union takes a tuple of types
-AlgoConfig = Annotated[Union[tuple(spec.config for spec in ALGOS.values())], Field(discriminator="name")]  # noqa: UP007
+if TYPE_CHECKING:  # what the registry holds, spelled out for the type checker (a test keeps the two equal)
+    from tianji.algos.appo import APPOConfig
+    from tianji.algos.dqn import DQNConfig
+    from tianji.algos.impala import IMPALAConfig
+    from tianji.algos.mappo import MAPPOConfig
+    from tianji.algos.ppo import PPOConfig
+    from tianji.algos.qmix import QMIXConfig
+
+    AlgoConfig = PPOConfig | DQNConfig | IMPALAConfig | APPOConfig | QMIXConfig | MAPPOConfig
+else:  # the union built from the registry: only typing.Union takes a tuple of types
+    AlgoConfig = Annotated[Union[tuple(spec.config for spec in ALGOS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 class TopologyConfig(Section):
@@ -45,6 +54,26 @@ class TopologyConfig(Section):
     fragment_length: int = Field(32, ge=1, description="Steps per env in one fragment pushed to the learner.")
     actor_threads: int = Field(1, ge=1, description="torch threads per actor process.")
     learner_threads: int = Field(1, ge=1, description="torch threads in the learner process.")
+
+    # The runtime reads the layout through these: `auto` is resolved before any role starts
+    # (tianji.tools.plan.resolve_layout), so a role never sees it.
+    @property
+    def actor_count(self) -> int:
+        return _resolved(self.actors, "actors")
+
+    @property
+    def learner_count(self) -> int:
+        return _resolved(self.learners, "learners")
+
+    @property
+    def envs_count(self) -> int:
+        return _resolved(self.envs_per_actor, "envs_per_actor")
+
+
+def _resolved(value: int | Literal["auto"], field: str) -> int:
+    if isinstance(value, int):
+        return value
+    raise ConfigError(f"topology.{field} is 'auto' but no layout was planned for it (tianji.tools.plan.resolve_layout)")
 
 
 class LearnerConfig(Section):
@@ -337,9 +366,9 @@ def _format_validation_error(exc: ValidationError) -> str:
         if msg not in messages[path]:
             messages[path].append(msg)
         if "input" in err and err["type"] not in ("missing", "value_error", "extra_forbidden"):
-            got = f"(got {err['input']!r})"
-            messages[path] = [m for m in messages[path] if m != got] + [got]
-    lines = []
+            given = f"(got {err['input']!r})"
+            messages[path] = [m for m in messages[path] if m != given] + [given]
+    lines: list[str] = []
     for path, msgs in messages.items():
         got = [m for m in msgs if m.startswith("(got ")]
         text = " or ".join(m for m in msgs if not m.startswith("(got ")) + (f" {got[0]}" if got else "")

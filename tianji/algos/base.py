@@ -123,9 +123,13 @@ class AlgoSpec:
 
     name: str
     config: type  # its `algo` config section (a pydantic model whose `name` field is `name`)
-    make_policy: Callable[[Any, gym.Space, gym.Space, Placement], ActorPolicy[Any]]  # (algo config, spaces, where)
+    make_policy: Callable[
+        [Any, gym.Space[Any], gym.Space[Any], Placement], ActorPolicy[Any]
+    ]  # (algo config, spaces, where)
     make_learner: Callable[..., AlgoLearner]  # (algo config, obs space, action space, device="cpu")
-    check_spaces: Callable[[gym.Space, gym.Space], None]  # raises ValueError naming what the algorithm cannot take
+    check_spaces: Callable[
+        [gym.Space[Any], gym.Space[Any]], None
+    ]  # raises ValueError naming what the algorithm cannot take
     policy_weights: Callable[[Mapping[str, Any]], Arrays] = net_weights  # from a checkpoint's `algo` state
 
 

@@ -21,7 +21,7 @@ import importlib
 import re
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -129,6 +129,7 @@ def make_atari(
         from ale_py.vector_env import AtariVectorEnv
     except ImportError:
         raise ConfigError(f"env.id {cfg.id!r} needs ale-py: pip install 'tianji[atari]'") from None
+    assert cfg.id is not None  # is_atari(cfg)
     game = atari_game(cfg.id)
     if game not in roms.get_all_rom_ids():
         raise ConfigError(f"env.id: ale-py has no game {game!r} (from {cfg.id!r}); e.g. ALE/Pong-v5, ALE/Breakout-v5")
@@ -162,18 +163,16 @@ class FrameView(gym.vector.VectorObservationWrapper):
 
     def __init__(self, env: gym.vector.VectorEnv, crop: tuple[int, int, int, int] | None, pool: int):
         super().__init__(env)
-        space = env.single_observation_space
-        stack, height, width = space.shape
-        self.rows, self.cols = (
-            (slice(crop[0], crop[1]), slice(crop[2], crop[3])) if crop else (slice(None), slice(None))
-        )
+        stack, height, width = env.single_observation_space.shape or (0, 0, 0)
+        self.rows: slice = slice(crop[0], crop[1]) if crop else slice(None)
+        self.cols: slice = slice(crop[2], crop[3]) if crop else slice(None)
         height, width = len(range(height)[self.rows]), len(range(width)[self.cols])
         self.pool = pool
         self.shape = (stack, height // pool, width // pool)
         self.single_observation_space = gym.spaces.Box(0, 255, self.shape, np.uint8)
         self.observation_space = gym.spaces.Box(0, 255, (env.num_envs, *self.shape), np.uint8)
 
-    def observations(self, obs: np.ndarray) -> np.ndarray:
+    def observations(self, obs: np.ndarray) -> np.ndarray:  # type: ignore[override]  # frames in, frames out
         frames = obs[:, :, self.rows, self.cols]
         if self.pool == 1:
             return np.ascontiguousarray(frames)
@@ -187,7 +186,7 @@ def frame_view(envs: gym.vector.VectorEnv, cfg: EnvConfig) -> gym.vector.VectorE
     """`envs` with env.crop and env.pool applied (unchanged without them); ConfigError when they do not fit."""
     if cfg.crop is None and cfg.pool == 1:
         return envs
-    shape = envs.single_observation_space.shape
+    shape = envs.single_observation_space.shape or ()
     if len(shape) != 3:
         raise ConfigError(
             f"env.crop / env.pool need grey stacked frames [stack, height, width], got observations "
@@ -217,18 +216,34 @@ def check_env(cfg: EnvConfig) -> None:
         env_factory(cfg.entry_point)
     elif is_multiagent(cfg):
         multiagent_spaces(cfg)
-    elif not is_atari(cfg):
+    elif not is_atari(cfg) and cfg.id is not None:
         registered_spec(cfg.id)
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: bool = False) -> gym.vector.VectorEnv:
+class VectorEnvLike(Protocol):
+    """What the actor and the evaluator use of a vector env: Gymnasium's, or a multi-agent adapter's."""
+
+    num_envs: int
+    metadata: dict[str, Any]
+
+    @property
+    def single_observation_space(self) -> gym.Space: ...
+    @property
+    def single_action_space(self) -> gym.Space: ...
+    def reset(self, *, seed: int | None = None) -> tuple[Any, dict[str, Any]]: ...
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: bool = False) -> VectorEnvLike:
     """`num_envs` copies stepped together; a native vectorized implementation when the env has one
     (Atari: ale-py's, with `threads` threads).
 
     Every vector env here resets a finished sub-env on the *next* step (Gymnasium's
     default), which is the convention the actor's recording relies on.
     """
-    render_kwargs = {"render_mode": "rgb_array"} if render else {}  # `render`: frames for a video
+    render_kwargs: dict[str, Any] = {"render_mode": "rgb_array"} if render else {}  # `render`: frames for a video
+    envs: VectorEnvLike
     if is_atari(cfg):
         envs = frame_view(make_atari(cfg, num_envs, threads), cfg)
     elif is_multiagent(cfg):
@@ -238,6 +253,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: boo
         kwargs = {**cfg.kwargs, **render_kwargs}
         envs = gym.vector.SyncVectorEnv([partial(_make_from_factory, factory, kwargs, cfg.entry_point)] * num_envs)
     else:
+        assert cfg.id is not None  # EnvConfig: an id or an entry point
         spec = registered_spec(cfg.id)
         mode = "vector_entry_point" if spec.vector_entry_point is not None and not cfg.kwargs and not render else "sync"
         try:

@@ -69,6 +69,7 @@ def is_multiagent(cfg: EnvConfig) -> bool:
 
 
 def make_multiagent(cfg: EnvConfig, num_envs: int) -> MultiAgentVectorEnv:
+    assert cfg.id is not None  # is_multiagent(cfg)
     if cfg.id.startswith(SMAX_PREFIX):
         return SmaxVectorEnv(cfg.id[len(SMAX_PREFIX) :], num_envs, **cfg.kwargs)
     return PettingZooVectorEnv(cfg.id[len(PETTINGZOO_PREFIX) :], num_envs, cfg.kwargs)
@@ -81,6 +82,7 @@ def multiagent_spaces(cfg: EnvConfig) -> tuple[gym.spaces.Dict, gym.spaces.Multi
     """Single-env spaces without stepping an env. For SMAX in a process that has not imported JAX
     (the driver, which forks the roles), they are read in a child process: a forked role must never
     inherit a running JAX runtime. Cached, so roles forked later know them too."""
+    assert cfg.id is not None  # is_multiagent(cfg)
     key = json.dumps([cfg.id, cfg.kwargs], sort_keys=True, default=str)
     if key not in _SIZES:
         if cfg.id.startswith(SMAX_PREFIX):
@@ -117,10 +119,13 @@ def _smax_sizes_in_child(map_name: str, kwargs: dict[str, Any]) -> tuple[int, in
         timeout=300,
     )
     lines = out.stdout.strip().splitlines()
-    reply = json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr.strip()[-2000:]}
+    reply: dict[str, Any] = (
+        json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr.strip()[-2000:]}
+    )
     if "error" in reply:
         raise ConfigError(reply["error"])
-    return tuple(reply["sizes"])  # type: ignore[return-value]
+    agents, obs, state, actions = reply["sizes"]
+    return int(agents), int(obs), int(state), int(actions)
 
 
 def observation_space(n: int, obs_dim: int, state_dim: int, actions: int) -> gym.spaces.Dict:
@@ -138,9 +143,18 @@ def observation_space(n: int, obs_dim: int, state_dim: int, actions: int) -> gym
 class MultiAgentVectorEnv:
     """Shared bookkeeping: spaces, next-step autoreset flags, the recorded info keys."""
 
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
-    recorded_info = ("won",)  # per-step info the actor records beside the rows
+    metadata: dict[str, Any] = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+    recorded_info: tuple[str, ...] = ("won",)  # per-step info the actor records beside the rows
     render_mode = None
+    num_envs: int
+    single_observation_space: gym.spaces.Dict
+    single_action_space: gym.spaces.MultiDiscrete
+
+    def reset(self, *, seed: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict]:
+        raise NotImplementedError
 
     def _spaces(self, n: int, obs_dim: int, state_dim: int, actions: int) -> None:
         self.num_agents = n
@@ -207,7 +221,7 @@ def make_smax(map_name: str, kwargs: dict[str, Any]) -> Any:
         env = HeuristicEnemySMAX(scenario=scenario, **{**options, "max_steps": limit + 2})
     except TypeError as exc:
         raise ConfigError(f"env.kwargs: SMAX does not take {kwargs} ({exc})") from None
-    env.episode_limit = limit
+    env.episode_limit = limit  # type: ignore[attr-defined]  # read by SmaxVectorEnv
     return env
 
 

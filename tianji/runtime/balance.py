@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 
@@ -13,8 +14,8 @@ class LagStats:
     """Lag (learner version - fragment version) of every fragment, trained on or dropped as too stale."""
 
     max_policy_lag: int
-    trained: Counter = field(default_factory=Counter)  # lag -> fragments trained on
-    dropped_lags: Counter = field(default_factory=Counter)  # lag -> fragments dropped
+    trained: Counter[int] = field(default_factory=Counter)  # lag -> fragments trained on
+    dropped_lags: Counter[int] = field(default_factory=Counter)  # lag -> fragments dropped
     # windows since the last `take_window()`, for live metrics
     _window: list[int] = field(default_factory=list)
     _dropped_window: list[int] = field(default_factory=list)
@@ -44,7 +45,7 @@ class LagStats:
         return lag_summary(self.trained)
 
 
-def lag_summary(histogram: Counter) -> dict[str, float]:
+def lag_summary(histogram: Counter[int]) -> dict[str, float]:
     """min/mean/max of a lag histogram ({lag: count})."""
     count = sum(histogram.values())
     if not count:
@@ -58,10 +59,10 @@ def lag_summary(histogram: Counter) -> dict[str, float]:
 
 @dataclass
 class _ActorSlots:
-    identity: bytes
-    held: deque  # slots the learner holds: free, not granted yet
-    floors: dict = field(default_factory=dict)  # granted slot -> min_version: its fragment starts from no older
-    arrived: set = field(default_factory=set)  # granted slots whose notice is waiting at the learner
+    identity: Hashable
+    held: deque[int]  # slots the learner holds: free, not granted yet
+    floors: dict[object, int] = field(default_factory=dict)  # granted slot -> min_version: starts from no older
+    arrived: set[object] = field(default_factory=set)  # granted slots whose notice is waiting at the learner
     last_grant: int = -1
 
 
@@ -91,10 +92,10 @@ class CreditLedger:
         self.max_policy_lag = max_policy_lag
         self.lag_aware = lag_aware
         self.actors: dict[int, _ActorSlots] = {}
-        self._by_identity: dict[bytes, _ActorSlots] = {}
+        self._by_identity: dict[Hashable, _ActorSlots] = {}
         self.granted = 0  # grants made, cumulative
 
-    def register(self, actor_id: int, identity: bytes, slots: int) -> None:
+    def register(self, actor_id: int, identity: Hashable, slots: int) -> None:
         """An actor said hello: the learner holds all its slots. A restarted actor (same id, new
         identity) replaces its predecessor, whose grants are forgotten."""
         if identity in self._by_identity:
@@ -107,11 +108,11 @@ class CreditLedger:
     def in_flight(self) -> int:
         return sum(len(a.floors) for a in self.actors.values())
 
-    def _granted(self, identity: bytes, slot: object) -> _ActorSlots | None:
+    def _granted(self, identity: Hashable, slot: object) -> _ActorSlots | None:
         actor = self._by_identity.get(identity)
         return actor if actor is not None and slot in actor.floors else None
 
-    def arrived(self, identity: bytes, slot: object) -> bool:
+    def arrived(self, identity: Hashable, slot: object) -> bool:
         """A fragment notice came. True when `slot` was granted to this sender and not noticed yet;
         False: not ours to read (unknown or replaced actor, a slot never granted, a repeat)."""
         actor = self._granted(identity, slot)
@@ -120,7 +121,7 @@ class CreditLedger:
         actor.arrived.add(slot)
         return True
 
-    def release(self, identity: bytes, slot: int) -> None:
+    def release(self, identity: Hashable, slot: int) -> None:
         """The learner has read (or dropped) the fragment in `slot`: it holds the slot again."""
         actor = self._granted(identity, slot)
         if actor is not None and slot in actor.arrived:
@@ -130,11 +131,11 @@ class CreditLedger:
 
     def grant(
         self, version: int, versions_per_fragment: float, published: int | None = None
-    ) -> list[tuple[bytes, int, int]]:
+    ) -> list[tuple[Hashable, int, int]]:
         """Slots to grant now, as (identity, slot, min_version); fewest-in-flight actors first.
         `published`: the newest weights actors can get (default `version`); a grant asks for them."""
         published = version if published is None else published
-        grants = []
+        grants: list[tuple[Hashable, int, int]] = []
         while True:
             waiting = [a for a in self.actors.values() if a.held]
             if not waiting:
@@ -165,7 +166,7 @@ class RateLimiter:
         limiter.can_sample(128)      # True while trained + 128 <= 4.4 * 512
     """
 
-    def __init__(self, target: float | None, tolerance: float, clock=time.perf_counter):
+    def __init__(self, target: float | None, tolerance: float, clock: Callable[[], float] = time.perf_counter):
         self.target = target
         self.low = (target or 0.0) * (1 - tolerance)
         self.high = (target or 0.0) * (1 + tolerance)

@@ -193,7 +193,7 @@ class GradientAllreduce(NoSync):
         for p, g in zip(params, grads, strict=True):
             if p.grad is None:
                 p.grad = g
-        _unflatten(flat, [p.grad for p in params], offset=1)
+        _unflatten(flat, [p.grad for p in params if p.grad is not None], offset=1)
 
     def stop(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:
         """Send the stop flag in a collective shaped like the others (zero gradients)."""
@@ -211,7 +211,7 @@ class ParameterAverage(NoSync):
         self.updates = 0
         self.averages = 0  # completed
         self.stopped = False
-        self._work = None
+        self._work: dist.Work | None = None
         self._buffer: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None
         # own progress, as the sum of each update's largest parameter change: since the last applied
@@ -263,7 +263,8 @@ class ParameterAverage(NoSync):
                 return
         self.stopped = True
         self._launch(self._tensors(params, moments), flag=1.0)
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         self._work = None
 
     def _launch(self, tensors: Sequence[torch.Tensor], flag: float) -> None:
@@ -275,6 +276,7 @@ class ParameterAverage(NoSync):
     def _apply(self, params: Sequence[torch.Tensor], moments: Sequence[torch.Tensor]) -> None:
         """params <- average of the snapshots + what this learner learned since its snapshot."""
         buffer, snapshot, self._work = self._buffer, self._snapshot, None
+        assert buffer is not None and snapshot is not None  # an average was launched
         if buffer[0] > 0:
             self.stopped = True
             raise GroupStopping("a learner of the group is stopping")

@@ -98,7 +98,7 @@ def calibrate(
     learner_rate, steps_per_update, gradient_steps, parameters = _learner_rate(layout, learner_seconds)
     cores = available_cores()
     efficiency = measure_core_efficiency(layout, cores)
-    sync = {}
+    sync: dict[str, Any] = {}
     if group or max(space.learners) > 1:
         costs = measure_local_group(parameters)
         probed = costs["allreduce_latency_s"] / 2  # a ring of two: two messages

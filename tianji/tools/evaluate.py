@@ -146,11 +146,11 @@ def write_video(frames: list[np.ndarray], path: Path, fps: float = VIDEO_FPS) ->
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ConfigError(f"--video {path}: expected a .mp4 or .gif file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames = [_even(f) for f in frames]
+    even: list[Any] = [_even(f) for f in frames]
     if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+        imageio.mimsave(path, even, duration=1000 / fps, loop=0)
     else:
-        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+        imageio.mimsave(path, even, fps=fps, macro_block_size=1)
     return path
 
 

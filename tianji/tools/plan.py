@@ -448,7 +448,7 @@ def explain(cal: Calibration, chosen: Layout, cores: int, mode: str = "allreduce
         "the actors": chosen.actors * cal.actor_rates[chosen.envs_per_actor],
         f"the {cores} cores (actors and learners share them)": cpu_bound,
     }
-    limit = min(bounds, key=bounds.get)
+    limit = min(bounds, key=lambda name: bounds[name])
     more = (
         ""
         if chosen.learners == 1

@@ -271,7 +271,7 @@ class GradientStep:
 
     def __call__(self, loss: torch.Tensor, sync: _Sync, env_steps: int = 0) -> Stats:
         self.optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's stubs leave it untyped
         sync.gradients(self.optimizer.params)
         grad_norm = nn.utils.clip_grad_norm_(self.optimizer.params, self.max_grad_norm, foreach=True)
         self.optimizer.lr = self.lr(env_steps)

@@ -255,12 +255,19 @@ class CheckpointSets:
 
     # ---------------------------------------------------------------- reading
 
-    def newest_good(self, required: bool = True) -> GoodSet | None:
-        """The newest set that verifies; damaged newer ones are logged, one line each. Runs from before sets
-        (a flat checkpoints/learner.pt) are read as they are. None when there is nothing to resume from and
-        `required` is False; CheckpointError naming what is wrong with each set when none is good."""
+    def newest_good(self) -> GoodSet:
+        """The newest set that verifies (see `find_good`); CheckpointError when there is none."""
+        good = self.find_good()
+        if good is None:
+            raise CheckpointError(f"no checkpoint in {self.directory} yet; train first")
+        return good
+
+    def find_good(self) -> GoodSet | None:
+        """The newest set that verifies; each damaged newer one is named in `skipped`, one line each. Runs
+        from before sets (a flat checkpoints/learner.pt) are read as they are. None when there is nothing to
+        resume from; CheckpointError naming what is wrong with each set when sets exist but none is good."""
         sets = self._sets()
-        skipped = []
+        skipped: list[str] = []
         for path in reversed(sets):
             damage = set_damage(path)
             if damage is None:
@@ -271,8 +278,6 @@ class CheckpointSets:
             raise CheckpointError(f"no good checkpoint set in {self.directory} ({'; '.join(skipped)})")
         if (self.directory / LEARNER_FILE).exists():
             return GoodSet(self.directory, None, verified=False)
-        if required:
-            raise CheckpointError(f"no checkpoint in {self.directory} yet; train first")
         return None
 
 
@@ -281,12 +286,12 @@ class CheckpointSets:
 
 def load_learner(directory: Path, rank: int = 0) -> dict[str, Any] | None:
     """The learner state in the newest good set of `directory` (None: no checkpoint yet)."""
-    good = CheckpointSets(directory).newest_good(required=False)
+    good = CheckpointSets(directory).find_good()
     return None if good is None else good.learner_state(rank)
 
 
 def load_driver(directory: Path) -> dict[str, Any] | None:
-    good = CheckpointSets(directory).newest_good(required=False)
+    good = CheckpointSets(directory).find_good()
     return None if good is None else good.driver_state()
 
 
@@ -297,7 +302,7 @@ class FileStore:
         self.sets, self.rank, self.epoch = CheckpointSets(directory), rank, epoch
 
     def load(self, restart: bool = False) -> dict[str, Any] | None:
-        good = self.sets.newest_good(required=False)
+        good = self.sets.find_good()
         for line in [] if good is None else good.skipped:
             log.warning("%s; learner%d resumes from an older set", line, self.rank)
         return None if good is None else good.learner_state(self.rank, restart)

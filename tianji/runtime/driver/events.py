@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from numbers import Real
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from tianji.runtime.transport.wire import WireError
 
@@ -102,13 +102,8 @@ _COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
 
 
 def actor_event(actor_id: int, episodes: list[tuple], counts: dict[str, float]) -> ActorEvent:
-    return {
-        "kind": "actor",
-        "role": f"actor{actor_id}",
-        "id": actor_id,
-        "episodes": episodes,
-        **{key: counts[key] for key in ACTOR_COUNTERS},
-    }  # type: ignore[typeddict-item]
+    event = {"kind": "actor", "role": f"actor{actor_id}", "id": actor_id, "episodes": episodes}
+    return cast(ActorEvent, {**event, **{key: counts[key] for key in ACTOR_COUNTERS}})
 
 
 def learner_event(
@@ -120,7 +115,7 @@ def learner_event(
     replay_ratio: float,
     counts: dict[str, float],
 ) -> LearnerEvent:
-    return {
+    event = {
         "kind": "learner",
         "role": f"learner{rank}",
         "rank": rank,
@@ -129,8 +124,8 @@ def learner_event(
         "dropped_lags": dropped_lags,
         "stats": stats,
         "replay_ratio": replay_ratio,
-        **{key: counts[key] for key in LEARNER_COUNTERS},
-    }  # type: ignore[typeddict-item]
+    }
+    return cast(LearnerEvent, {**event, **{key: counts[key] for key in LEARNER_COUNTERS}})
 
 
 def measured(role: str, costs: dict[str, float]) -> MeasuredCosts:

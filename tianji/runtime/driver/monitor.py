@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
 from tianji.runtime.driver.checkpoint import describe_os_error
-from tianji.runtime.driver.events import ACTOR_COUNTERS, LEARNER_COUNTERS, ActorEvent, EvalEvent, Event, LearnerEvent
+from tianji.runtime.driver.events import (
+    ACTOR_COUNTERS,
+    LEARNER_COUNTERS,
+    ActorEvent,
+    EvalEvent,
+    Event,
+    LearnerEvent,
+    MeasuredCosts,
+)
 from tianji.runtime.driver.stop import StopConditions
 from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 
@@ -42,14 +51,14 @@ class Monitor:
         self.wins: deque[bool] = deque(r.get("wins", []), maxlen=WINDOW)  # envs that report wins (SMAX)
         self.lag_hist: Counter = Counter({int(k): v for k, v in r.get("lag_hist", {}).items()})  # trained
         self.dropped_lag_hist: Counter = Counter({int(k): v for k, v in r.get("dropped_lag_hist", {}).items()})
-        self.totals: Counter = Counter(r.get("totals", {}))
+        self.totals: defaultdict[str, float] = defaultdict(float, r.get("totals", {}))
         self.stop = StopConditions(cfg.stop, r)
         self.version = int(r.get("version", 0))  # of learner 0
         # per learner of a group (rank -> cumulative updates, busy_s, wait_s; lag histogram; version)
-        self.learners = int(cfg.topology.learners) if isinstance(cfg.topology.learners, int) else 1
+        self.learners = cfg.topology.learner_count if isinstance(cfg.topology.learners, int) else 1
         saved = r.get("learners", {})
-        self.per_learner: dict[int, Counter] = {
-            k: Counter(saved.get(str(k), {}).get("totals", {})) for k in range(self.learners)
+        self.per_learner: dict[int, defaultdict[str, float]] = {
+            k: defaultdict(float, saved.get(str(k), {}).get("totals", {})) for k in range(self.learners)
         }
         self.per_learner_lags: dict[int, Counter] = {
             k: Counter({int(lag): n for lag, n in saved.get(str(k), {}).get("lags", {}).items()})
@@ -69,7 +78,7 @@ class Monitor:
         self._window_lags: list[int] = []
         self._last_row_time = time.time()
         self._last_counts = self._counts()
-        self._per_learner_last: dict[int, Counter] = {}
+        self._per_learner_last: dict[int, dict[str, float]] = {}
         self._writer = RowWriter(run_dir, cfg.logging.tensorboard)
         self._console = ConsoleLine(cfg.logging.console, show_ratio=cfg.balance.replay_ratio is not None)
         self.last_row: dict[str, float] = {}
@@ -90,19 +99,20 @@ class Monitor:
     def on_event(self, event: Event) -> None:
         kind = event.get("kind")
         if kind == "actor":
-            self._on_actor(event)
+            self._on_actor(cast(ActorEvent, event))
         elif kind == "learner":
-            self._on_learner(event)
+            self._on_learner(cast(LearnerEvent, event))
         elif kind == "eval":
-            self._on_eval(event)
+            self._on_eval(cast(EvalEvent, event))
         elif kind == "measured":
-            self.measured[event["role"]] = dict(event["costs"])
+            costs = cast(MeasuredCosts, event)
+            self.measured[costs["role"]] = dict(costs["costs"])
 
     def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
         for key in ACTOR_COUNTERS:
             if key != "env_steps":  # counted above
-                self.totals[ACTOR_TOTALS.get(key, key)] += e.get(key, 0)
+                self.totals[ACTOR_TOTALS.get(key, key)] += _number(e, key)
         for episode in e.get("episodes", []):
             self.returns.append(float(episode[0]))
             self.lengths.append(int(episode[1]))
@@ -120,11 +130,11 @@ class Monitor:
         if rank == 0:
             self.version = version
         for key in ("updates", "busy_s", "wait_s"):
-            self.per_learner[rank][key] += e.get(key, 0)
+            self.per_learner[rank][key] += _number(e, key)
         self.per_learner_lags[rank].update(int(x) for x in e.get("lags", []))
         self._per_learner_window[rank].extend(int(x) for x in e.get("lags", []))
         for key in LEARNER_COUNTERS:
-            self.totals[LEARNER_TOTALS.get(key, key)] += e.get(key, 0)
+            self.totals[LEARNER_TOTALS.get(key, key)] += _number(e, key)
         self.replay_ratio = float(e.get("replay_ratio", self.replay_ratio))
         lags = [int(x) for x in e.get("lags", [])]
         self.lag_hist.update(lags)
@@ -192,12 +202,12 @@ class Monitor:
                 self._last_write_warning = time.time()
 
     def _row(self, d: dict[str, float], dt: float, lags: list[int]) -> dict[str, float]:
-        actors = self.cfg.topology.actors
+        actors = self.cfg.topology.actor_count
         row: dict[str, float] = {
             "time_s": round(self.elapsed(), 3),
             "env_steps": self.env_steps,
             "env/episodes": self.episodes,
-            "env/return_mean100": self.return_mean() if self.returns else float("nan"),
+            "env/return_mean100": _or_nan(self.return_mean()),
             "env/length_mean100": sum(self.lengths) / len(self.lengths) if self.lengths else float("nan"),
             "perf/env_steps_per_s": d.get("env_steps", 0) / dt,
             "perf/updates_per_s": d.get("updates", 0) / dt,
@@ -229,13 +239,13 @@ class Monitor:
     def _per_learner_row(self, dt: float) -> dict[str, float]:
         row: dict[str, float] = {}
         for rank, totals in self.per_learner.items():
-            last = self._per_learner_last.get(rank, Counter())
+            last = self._per_learner_last.get(rank, {})
             lags, self._per_learner_window[rank] = self._per_learner_window[rank], []
-            row[f"perf/learner{rank}/updates_per_s"] = (totals["updates"] - last["updates"]) / dt
-            row[f"perf/learner{rank}/busy"] = (totals["busy_s"] - last["busy_s"]) / dt
+            row[f"perf/learner{rank}/updates_per_s"] = (totals["updates"] - last.get("updates", 0.0)) / dt
+            row[f"perf/learner{rank}/busy"] = (totals["busy_s"] - last.get("busy_s", 0.0)) / dt
             row[f"balance/learner{rank}/lag_mean"] = sum(lags) / len(lags) if lags else float("nan")
             row[f"balance/learner{rank}/policy_version"] = self.per_learner_version[rank]
-            self._per_learner_last[rank] = Counter(totals)
+            self._per_learner_last[rank] = dict(totals)
         return row
 
     # ------------------------------------------------------------ summary / state
@@ -331,3 +341,13 @@ class Monitor:
         except OSError as exc:  # buffered rows that a full disk refused
             self.count("metrics_write_failures")
             log.warning("metrics files not closed cleanly: %s", describe_os_error(exc))
+
+
+def _number(event: Mapping[str, object], key: str) -> float:
+    """A counter of an event (checked_event made sure every counter is a number)."""
+    value = event.get(key, 0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value

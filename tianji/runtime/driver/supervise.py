@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import zmq
 
 from tianji.runtime.driver.context import RunContext
-from tianji.runtime.driver.events import checked_event
+from tianji.runtime.driver.events import Event, checked_event
 from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.transport.links import ControlChannel, log, log_rejected
@@ -79,14 +79,15 @@ class _Supervisor:
                 continue
             self._handle(event, frames[1:])
 
-    def _handle(self, event: dict[str, Any], payload: list[bytes]) -> None:
-        if isinstance(event.get("role"), str):
-            self.last_seen[event["role"]] = time.time()
+    def _handle(self, event: Event, payload: list[bytes]) -> None:
+        role = event.get("role")
+        if isinstance(role, str):
+            self.last_seen[role] = time.time()
         kind = event["kind"]
         if kind == "checkpoint":
-            self.keeper.on_notice(event, payload)
+            self.keeper.on_notice(dict(event), payload)
         elif kind == "error":
-            log.error("%s failed:\n%s", event.get("role"), event.get("message"))
+            log.error("%s failed:\n%s", role, event.get("message"))
         else:
             self.monitor.on_event(event)
 

@@ -6,6 +6,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -18,8 +19,8 @@ class RowWriter:
     def __init__(self, run_dir: Path, tensorboard: bool):
         self.csv_path = run_dir / "metrics.csv"
         self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115  (open for the run; closed in close)
-        self._csv_file = None
-        self._csv = None
+        self._csv_file: TextIO | None = None
+        self._csv: csv.DictWriter | None = None
         self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
         self._tb = None
         if tensorboard:
@@ -41,12 +42,12 @@ class RowWriter:
 
     def _write_csv(self, row: dict[str, float]) -> None:
         new = [key for key in row if key not in self.columns]
-        if new or self._csv is None:
-            self._reopen_csv(self.columns + new)
-        self._csv.writerow(row)  # type: ignore[union-attr]
-        self._csv_file.flush()  # type: ignore[union-attr]
+        if new or self._csv is None or self._csv_file is None:
+            self._csv_file, self._csv = self._reopen_csv(self.columns + new)
+        self._csv.writerow(row)
+        self._csv_file.flush()
 
-    def _reopen_csv(self, columns: list[str]) -> None:
+    def _reopen_csv(self, columns: list[str]) -> tuple[TextIO, csv.DictWriter]:
         """Open the CSV for appending under `columns`, rewriting what it holds when they changed."""
         if self._csv_file is not None:
             self._csv_file.close()
@@ -59,8 +60,9 @@ class RowWriter:
                 writer.writerows(rows)
             tmp.replace(self.csv_path)
             self.columns = columns
-        self._csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115  (open for the run)
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns, extrasaction="ignore")
+        self._csv_file = None
+        handle = open(self.csv_path, "a", newline="")  # noqa: SIM115  (open for the run)
+        return handle, csv.DictWriter(handle, fieldnames=self.columns, extrasaction="ignore")
 
     def close(self) -> None:
         self._jsonl.close()

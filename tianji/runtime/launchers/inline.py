@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Hashable
 
 import torch
 
@@ -28,9 +29,9 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     cfg = run.cfg
     torch.set_num_threads(cfg.topology.learner_threads)
     store, keeper = FileStore(run.checkpoint_dir), CheckpointKeeper(run, monitor)
-    service = LearnerService(build_learner(cfg, store.load() if run.resumed else None), cfg)
-    actors = [build_actor(cfg, i) for i in range(cfg.topology.actors)]
-    credits: dict[int, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
+    service: LearnerService[int] = LearnerService(build_learner(cfg, store.load() if run.resumed else None), cfg)
+    actors = [build_actor(cfg, i) for i in range(cfg.topology.actor_count)]
+    credits: dict[Hashable, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
     for actor in actors:
         actor.set_weights(*service.hello(actor.actor_id, {"kind": "hello", "actor": actor.actor_id}))
     actor_reporters = [ActorReporter(a) for a in actors]
@@ -54,7 +55,7 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
                     for a in actors:
                         a.set_weights(*published)
                 monitor.on_event(service.reporter.event())
-            if evaluator is not None and time.time() - last_eval >= cfg.eval.interval_s:
+            if evaluator is not None and time.time() - last_eval >= (cfg.eval.interval_s or 0.0):
                 evaluator.set_weights(service.published, service.published_weights)
                 monitor.on_event(evaluator.evaluate())
                 last_eval = time.time()

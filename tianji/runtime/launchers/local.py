@@ -13,6 +13,8 @@ import os
 import signal
 import socket as pysocket
 from collections.abc import Callable
+from functools import partial
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import zmq
@@ -32,7 +34,7 @@ def run_local(run: RunContext, monitor: Monitor) -> str:
     if removed:
         log.info("removed %d leftover ipc socket(s) and slot file(s) of runs that died", len(removed))
     token = new_token()
-    endpoints = [Endpoints.ipc(token, rank) for rank in range(int(run.cfg.topology.learners))]
+    endpoints = [Endpoints.ipc(token, rank) for rank in range(run.cfg.topology.learner_count)]
     ctx = zmq.Context()
     control = None
     try:
@@ -68,16 +70,19 @@ class LocalRoles:
         # name -> (process body, its arguments after (run, endpoints, token, driver pid), read at each start)
         self._targets: dict[str, tuple[Callable[..., None], Callable[[], tuple[Any, ...]]]] = {}
         for rank in range(learners):
-            self._targets[f"learner{rank}"] = (
-                learner_main,
-                lambda r=rank: (self.endpoints[r], self.learner_epoch, r, self._group(r)),
-            )
-        for i in range(cfg.topology.actors):
-            self._targets[f"actor{i}"] = (actor_main, lambda i=i: (self.endpoints[learner_of(cfg, i)], i))
+            self._targets[f"learner{rank}"] = (learner_main, partial(self._learner_args, rank))
+        for i in range(cfg.topology.actor_count):
+            self._targets[f"actor{i}"] = (actor_main, partial(self._actor_args, i))
         if cfg.eval.interval_s is not None:
             self._targets["evaluator"] = (evaluator_main, lambda: (self.endpoints[0],))
         self.processes = {name: self._start(name) for name in self._targets}
         self._write_pids()
+
+    def _learner_args(self, rank: int) -> tuple[Any, ...]:
+        return self.endpoints[rank], self.learner_epoch, rank, self._group(rank)
+
+    def _actor_args(self, actor_id: int) -> tuple[Any, ...]:
+        return self.endpoints[learner_of(self.run.cfg, actor_id)], actor_id
 
     def _group(self, rank: int) -> GroupSpec | None:
         learners = len(self.endpoints)
@@ -96,7 +101,8 @@ class LocalRoles:
 
     def restart(self, name: str) -> None:
         old = self._end(name)
-        role_pool(self.token, name, old.pid).unlink(missing_ok=True)  # the dead actor's slots
+        if old.pid is not None:
+            role_pool(self.token, name, old.pid).unlink(missing_ok=True)  # the dead actor's slots
         self.processes[name] = self._start(name)
         self._write_pids()
 
@@ -123,14 +129,14 @@ class LocalRoles:
                 process.kill()
             process.join(1)
 
-    def _end(self, name: str) -> multiprocessing.Process:
+    def _end(self, name: str) -> BaseProcess:
         process = self.processes[name]
         if process.is_alive():
             process.kill()
         process.join(5)
         return process
 
-    def _start(self, name: str) -> multiprocessing.Process:
+    def _start(self, name: str) -> BaseProcess:
         target, args = self._targets[name]
         endpoints, *rest = args()
         process = self._mp.Process(

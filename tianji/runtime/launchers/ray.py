@@ -75,7 +75,7 @@ def role_process(spec: dict[str, Any]) -> None:
         group_spec = (
             None
             if group is None
-            else GroupSpec(rank, int(topology.learners), group["host"], group["port"], run.cfg.sync.timeout_s)
+            else GroupSpec(rank, topology.learner_count, group["host"], group["port"], run.cfg.sync.timeout_s)
         )
         restore = _read_once(spec.get("attachment"))
         listen = replace(endpoints, fragments=spec["listen"]["fragments"], weights=spec["listen"]["weights"])
@@ -129,11 +129,11 @@ def bundles(cfg: Config, share: float = 1.0) -> dict[str, dict[str, float]]:
     """One placement-group bundle per role: `share` CPUs per thread plus the custom resources that pin it."""
     r = cfg.ray
     out = {}
-    for rank in range(int(cfg.topology.learners)):
+    for rank in range(cfg.topology.learner_count):
         out[f"learner{rank}"] = {"CPU": share * cfg.topology.learner_threads, **r.learner_resources}
         if r.learner_gpus:
             out[f"learner{rank}"]["GPU"] = r.learner_gpus
-    for i in range(int(cfg.topology.actors)):
+    for i in range(cfg.topology.actor_count):
         out[f"actor{i}"] = {"CPU": share * cfg.topology.actor_threads, **r.actor_resources}
     if cfg.eval.interval_s is not None:
         out["evaluator"] = {"CPU": share, **r.evaluator_resources}
@@ -452,7 +452,7 @@ class RayRoles:
         """The checkpoint a (re)started learner resumes from: it may run on another machine."""
         if not (self.run.resumed or self.learner_epoch > 0):
             return None
-        good = CheckpointSets(self.run.checkpoint_dir).newest_good(required=False)
+        good = CheckpointSets(self.run.checkpoint_dir).find_good()
         path = None if good is None else good.learner_path(rank, restart=self.learner_epoch > 0)
         return None if path is None else path.read_bytes()
 

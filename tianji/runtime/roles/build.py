@@ -18,13 +18,13 @@ from tianji.runtime.roles.learner import Learner
 
 def actor_seed(cfg: Config, actor_id: int) -> int:
     # distinct env seeds for every env of every actor: reset(seed=s) seeds env j with s + j
-    return cfg.seed * 1_000_003 + actor_id * cfg.topology.envs_per_actor
+    return cfg.seed * 1_000_003 + actor_id * cfg.topology.envs_count
 
 
 def build_actor(cfg: Config, actor_id: int) -> Actor:
     torch.manual_seed(actor_seed(cfg, actor_id) + 1)
-    envs = make_vector_env(cfg.env, cfg.topology.envs_per_actor, cfg.topology.actor_threads)
-    placement = Placement(actor_id, cfg.topology.actors, cfg.topology.envs_per_actor)
+    envs = make_vector_env(cfg.env, cfg.topology.envs_count, cfg.topology.actor_threads)
+    placement = Placement(actor_id, cfg.topology.actor_count, cfg.topology.envs_count)
     policy = get_algo(cfg.algo.name).make_policy(
         cfg.algo, envs.single_observation_space, envs.single_action_space, placement
     )

@@ -169,7 +169,7 @@ def _child(target: str, spec: dict[str, Any]) -> int:
 
 
 def _reap() -> dict[int, int]:
-    exits = {}
+    exits: dict[int, int] = {}
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -19,6 +19,7 @@ from typing import Any
 from tianji.algos.base import AlgoLearner, Arrays
 from tianji.runtime.balance import LagStats, RateLimiter
 from tianji.runtime.roles.actor import Fragment
+from tianji.runtime.sync import NoSync
 
 VERSIONS_EMA = 0.2
 
@@ -30,10 +31,10 @@ class Learner:
         max_policy_lag: int,
         limiter: RateLimiter | None = None,
         backpressure: bool = True,
-        sync: Any = None,
+        sync: NoSync | None = None,
     ):
         self.algo = algo
-        self.sync = None  # with a learner group: tianji.runtime.sync (gradients hook, parameter averages)
+        self.sync: NoSync | None = None  # with a learner group: gradients hook, parameter averages
         if sync is not None:
             self.attach_sync(sync)
         self.backpressure = backpressure
@@ -113,7 +114,7 @@ class Learner:
     def weights(self) -> Arrays:
         return self.algo.weights()
 
-    def attach_sync(self, sync: Any) -> None:
+    def attach_sync(self, sync: NoSync) -> None:
         self.sync = sync
         self.algo.sync = sync
         self.group_size = sync.world_size

@@ -104,7 +104,7 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
 
 def learner_of(cfg: Any, actor_id: int) -> int:
     """The learner an actor feeds: actors are dealt to learners in turn (evenly)."""
-    return actor_id % int(cfg.topology.learners)
+    return actor_id % cfg.topology.learner_count
 
 
 def role_pool(token: str, role: str, pid: int):
@@ -243,8 +243,9 @@ def evaluator_loop(
     for sock in (learner.link, driver.sock):
         poller.register(sock, zmq.POLLIN)
     last_round = last_event = 0.0
+    interval_s = run.cfg.eval.interval_s or 0.0  # the evaluator runs only with eval.interval_s
     while True:
-        due_in_s = last_round + run.cfg.eval.interval_s - time.time()
+        due_in_s = last_round + interval_s - time.time()
         poller.poll(int(1000 * min(max(due_in_s, 0.05), 1.0)))  # no busy wait for new weights
         if _orders(driver, learner):
             break
@@ -252,7 +253,7 @@ def evaluator_loop(
         learner.newest_weights(evaluator)
         evaluator.bad_messages = learner.bad_messages
         now = time.time()
-        if evaluator.has_new_weights() and now - last_round >= run.cfg.eval.interval_s:
+        if evaluator.has_new_weights() and now - last_round >= interval_s:
             events.send(pack_header(evaluator.evaluate()))
             last_round = last_event = time.time()
         elif now - last_event >= 1.0:
@@ -313,10 +314,12 @@ def bind_learner(ctx: zmq.Context, endpoints: Endpoints) -> LearnerSockets:
 
 
 def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
-    meta = {k: header.get(k) for k in ("actor", "seq", "version", "env_steps")}
-    for key, value in meta.items():
+    meta: dict[str, int] = {}
+    for key in ("actor", "seq", "version", "env_steps"):
+        value = header.get(key)
         if not isinstance(value, int) or value < 0:
             raise WireError(f"fragment header field {key!r} must be a non-negative int, got {value!r}")
+        meta[key] = value
     return Fragment(arrays, meta["actor"], meta["seq"], meta["version"], meta["env_steps"])
 
 
@@ -350,7 +353,7 @@ def learner_loop(
             group = replace(group, backend="nccl")  # gradients stay on the GPUs
         costs = _join_learner_group(learner, cfg, group, group_store)
         events.send(pack_header(measured(f"learner{rank}", costs)))
-    service = LearnerService(learner, cfg, epoch, rank)
+    service: LearnerService[bytes] = LearnerService(learner, cfg, epoch, rank)
     reporter = service.reporter
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
 
@@ -407,9 +410,9 @@ def learner_loop(
             break
         if published is not None:
             publisher.send_multipart(weights_message(*published), copy=False)
-        for identity, slot, min_version in service.grants():
+        for peer, slot, min_version in service.grants():
             router.send_multipart(
-                [identity, pack_header({"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})]
+                [peer, pack_header({"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})]
             )
         if service.event_due():
             reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0

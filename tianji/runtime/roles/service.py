@@ -16,8 +16,8 @@ credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and che
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar, cast
 
 from tianji.config import Config
 from tianji.runtime.balance import CreditLedger
@@ -30,12 +30,17 @@ EVENT_INTERVAL_S = 0.1
 MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
 
 
-class LearnerService:
+PeerT = TypeVar("PeerT", bound=Hashable)  # how the transport names a sender: a ZeroMQ identity, an actor id
+
+
+class LearnerService(Generic[PeerT]):
     """Hello, notices, lag-aware grants, slot lifetimes, publishing, group sync, event and checkpoint
     timing around one `Learner`. A peer is whatever the transport names a sender by (a ZeroMQ
     identity, an actor id inline)."""
 
-    def __init__(self, learner: Learner, cfg: Config, epoch: int = 0, rank: int = 0, clock=time.time):
+    def __init__(
+        self, learner: Learner, cfg: Config, epoch: int = 0, rank: int = 0, clock: Callable[[], float] = time.time
+    ):
         self.learner = learner
         self.epoch = epoch
         self.publish_every = cfg.balance.publish_every
@@ -48,7 +53,7 @@ class LearnerService:
         # or once the update that trains on it returns (on-policy: the algorithm holds fragments).
         self.trains_in_slot = cfg.balance.backpressure
         self._holds = bool(getattr(learner.algo, "holds_fragments", False))
-        self._trained_in_slot: list[tuple[Hashable, int]] = []
+        self._trained_in_slot: list[tuple[PeerT, int]] = []
         self.published = learner.version
         self.published_weights = learner.weights()
         self.clock = clock
@@ -57,7 +62,7 @@ class LearnerService:
 
     # ------------------------------------------------------------ messages in
 
-    def hello(self, peer: Hashable, header: dict[str, Any]) -> tuple[int, Any]:
+    def hello(self, peer: PeerT, header: dict[str, Any]) -> tuple[int, Any]:
         """An actor (or the evaluator) said hello: an actor's slots are the learner's to grant.
         Returns the weights to reply with: (version, arrays)."""
         if "actor" in header:  # the evaluator says hello too, but fills no slots
@@ -65,7 +70,7 @@ class LearnerService:
             self.credits.register(actor_id, peer, slots)
         return self.published, self.published_weights
 
-    def notice(self, peer: Hashable, header: dict[str, Any]) -> bool:
+    def notice(self, peer: PeerT, header: dict[str, Any]) -> bool:
         """A fragment notice came: True when its arrays are to be read and taken; False when it is for
         an earlier learner incarnation (its slot was granted anew). Raises WireError for a slot that
         was not granted to its sender."""
@@ -77,7 +82,7 @@ class LearnerService:
             raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
         return True
 
-    def take(self, peer: Hashable, slot: int, fragment: Fragment, in_slot: bool) -> None:
+    def take(self, peer: PeerT, slot: int, fragment: Fragment, in_slot: bool) -> None:
         """Hand the learner a noticed fragment. `in_slot`: its arrays are views of the sender's slot,
         which then stays the learner's until the update that trains on it returns."""
         if self.learner.consume(fragment) and self._holds and in_slot and self.trains_in_slot:
@@ -85,7 +90,7 @@ class LearnerService:
         else:
             self.credits.release(peer, slot)
 
-    def reject(self, peer: Hashable, slot: int) -> None:
+    def reject(self, peer: PeerT, slot: int) -> None:
         """A noticed fragment could not be read: its slot is the learner's again."""
         self.credits.release(peer, slot)
 
@@ -112,10 +117,11 @@ class LearnerService:
         self.published, self.published_weights = self.learner.version, self.learner.weights()
         return self.published, self.published_weights
 
-    def grants(self) -> list[tuple[Hashable, int, int]]:
+    def grants(self) -> list[tuple[PeerT, int, int]]:
         """Credits to send now: (peer, slot, min_version)."""
         lr = self.learner
-        return self.credits.grant(lr.version, lr.versions_per_fragment, self.published)
+        grants = self.credits.grant(lr.version, lr.versions_per_fragment, self.published)
+        return cast(list[tuple[PeerT, int, int]], grants)  # the peers registered are the ones hello gave
 
     def stop(self) -> None:
         """Leave the learner group in step with the others (with a group, stopping is a collective)."""

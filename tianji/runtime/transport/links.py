@@ -146,7 +146,8 @@ def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False, keys:
 
 
 def bound_endpoint(sock: zmq.Socket) -> str:
-    return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
 
 
 def newest(sock: zmq.Socket) -> list[Any] | None:
@@ -319,7 +320,11 @@ class LearnerLink:
             if isinstance(new, str) and new != old:
                 sock.disconnect(old)
                 sock.connect(new)
-                self.endpoints = replace(self.endpoints, **{name: new})
+                self.endpoints = (
+                    replace(self.endpoints, fragments=new)
+                    if name == "fragments"
+                    else replace(self.endpoints, weights=new)
+                )
         self.link.send(pack_header(self.hello))
 
     def receive(self, taker: WeightsTaker) -> None:
@@ -339,7 +344,7 @@ class LearnerLink:
         deadline = time.perf_counter() + timeout_s
         empty = self._round_trip(taker, 0, repeats, deadline)
         full = self._round_trip(taker, payload_bytes, repeats, deadline) if empty is not None else None
-        if full is None:
+        if empty is None or full is None:
             return None
         costs = {"link_latency_s": empty / 2, "link_probe_bytes": float(payload_bytes)}
         if full > empty:  # else the transfer hid in the noise: no rate rather than an absurd one

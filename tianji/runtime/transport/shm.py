@@ -62,6 +62,7 @@ class SlotWriter:
         if self._map is None or fields != self._fields:
             self._open(fields)
         base = slot * self.slot_bytes
+        assert self._map is not None  # opened above
         for offset, arr in zip(self._offsets, arrays.values(), strict=True):
             dst = np.frombuffer(self._map, dtype=arr.dtype, count=arr.size, offset=base + offset)
             dst[...] = arr.reshape(-1)
@@ -125,7 +126,7 @@ class SlotReader:
         """The fragment's arrays: copies, or (`copy=False`) read-only views of the slot, valid until
         the slot is granted to its actor again."""
         path, slot, slot_bytes = header.get("shm"), header.get("slot"), header.get("slot_bytes")
-        if not self._is_ours(path):
+        if not isinstance(path, str) or not self._is_ours(path):
             raise WireError(f"shared-memory path {path!r} is not one of this run's")
         if not (isinstance(slot, int) and isinstance(slot_bytes, int) and slot >= 0 and slot_bytes > 0):
             raise WireError("'slot' and 'slot_bytes' must be non-negative ints")

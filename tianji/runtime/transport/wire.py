@@ -41,7 +41,8 @@ def encode(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = 
     contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     head = dict(header)
     head["fields"] = describe(contiguous)
-    return [pack_header(head)] + [memoryview(a).cast("B") if a.size else b"" for a in contiguous.values()]
+    frames: list[Any] = [pack_header(head)]
+    return frames + [memoryview(a.data).cast("B") if a.size else b"" for a in contiguous.values()]
 
 
 def pack_header(header: Mapping[str, Any]) -> bytes:

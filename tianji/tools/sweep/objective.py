@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tianji.config import Config
 from tianji.runtime.driver.monitor import WINDOW
@@ -76,7 +76,7 @@ class Objective:
         return cls(name, metric, stop.target_return, stop.max_wall_time_s)
 
     @property
-    def direction(self) -> str:
+    def direction(self) -> Literal["minimize", "maximize"]:
         return "minimize" if self.name == "time_to_target" else "maximize"
 
     def better(self, a: float, b: float) -> bool:
@@ -112,4 +112,4 @@ class Objective:
             return False
         metric = _number(row.get(ROW_METRIC[self.target_metric]))
         counted = self.target_metric != "train" or (_number(row.get("env/episodes")) or 0) >= WINDOW
-        return counted and metric is not None and metric >= self.target
+        return counted and metric is not None and self.target is not None and metric >= self.target

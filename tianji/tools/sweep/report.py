@@ -121,10 +121,13 @@ def write_plots(sweep_dir: Path, study: optuna.Study) -> list[str]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
                 axes = draw(study)
-            axes.figure.set_size_inches(8, 5)
-            axes.figure.tight_layout()
-            axes.figure.savefig(sweep_dir / name, dpi=100)
-            plt.close(axes.figure)
+            figure = axes.get_figure(root=True)
+            if figure is None:
+                continue
+            figure.set_size_inches(8, 5)
+            figure.tight_layout()
+            figure.savefig(sweep_dir / name, dpi=100)
+            plt.close(figure)
         except (ValueError, RuntimeError, ZeroDivisionError) as exc:
             missing.append(f"{name}: {exc}")
     return missing

@@ -46,13 +46,15 @@ class Param:
     def distribution(self) -> optuna.distributions.BaseDistribution:
         if self.kind == "categorical":
             return optuna.distributions.CategoricalDistribution([_encode(c) for c in self.choices])
+        low, high = self.bounds()
         if self.kind == "int":
-            return optuna.distributions.IntDistribution(
-                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
-            )
-        return optuna.distributions.FloatDistribution(
-            self.low, self.high, log=self.kind == "loguniform", step=self.step
-        )
+            return optuna.distributions.IntDistribution(int(low), int(high), log=self.log, step=int(self.step or 1))
+        return optuna.distributions.FloatDistribution(low, high, log=self.kind == "loguniform", step=self.step)
+
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a numeric range (parsing made sure both are set)."""
+        assert self.low is not None and self.high is not None, f"{self.key}: a {self.kind} range without bounds"
+        return self.low, self.high
 
     def suggest(self, trial: optuna.Trial) -> Any:
         """Ask the trial for this field's value (an enqueued trial gets its fixed value back)."""
@@ -61,6 +63,7 @@ class Param:
             return self.value(trial.suggest_categorical(self.key, d.choices))
         if isinstance(d, optuna.distributions.IntDistribution):
             return trial.suggest_int(self.key, d.low, d.high, step=d.step, log=d.log)
+        assert isinstance(d, optuna.distributions.FloatDistribution)
         return trial.suggest_float(self.key, d.low, d.high, step=d.step, log=d.log)
 
     def value(self, stored: Any) -> Any:
@@ -74,9 +77,8 @@ class Param:
         """Values that must all make a valid config: both bounds, or every choice."""
         if self.kind == "categorical":
             return list(self.choices)
-        if self.kind == "int":
-            return [int(self.low), int(self.high)]
-        return [self.low, self.high]
+        low, high = self.bounds()
+        return [int(low), int(high)] if self.kind == "int" else [low, high]
 
     def describe(self) -> str:
         if self.kind == "categorical":
@@ -218,7 +220,7 @@ def default_space_source(config: str) -> str | None:
     if path.suffix in (".yaml", ".yml"):
         beside = path.with_name(path.name[: -len(path.suffix)] + ".space.yaml")
         return str(beside) if beside.is_file() else None
-    bundled = resources.files(SPACES_PACKAGE).joinpath("spaces", f"{config}.yaml")
+    bundled = resources.files(SPACES_PACKAGE) / "spaces" / f"{config}.yaml"
     return str(bundled) if bundled.is_file() else None
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import optuna
 import yaml
+from optuna.storages.journal import JournalFileBackend
 
 from tianji.config import apply_overrides, build_config, load_raw, to_yaml
 from tianji.sections import ConfigError
@@ -94,7 +95,7 @@ def save_settings(sweep_dir: Path, settings: SweepSettings) -> None:
 
 
 def storage(sweep_dir: Path) -> optuna.storages.BaseStorage:
-    backend = optuna.storages.journal.JournalFileBackend(str(sweep_dir / "study.journal"))
+    backend = JournalFileBackend(str(sweep_dir / "study.journal"))
     return optuna.storages.JournalStorage(backend)
 
 
@@ -397,7 +398,7 @@ class Sweep:
             r.trial.set_user_attr("note", note)
         if r.interrupted and r.failure is None and state == optuna.trial.TrialState.FAIL:
             r.trial.set_user_attr("interrupted", True)
-        if state == optuna.trial.TrialState.COMPLETE:
+        if state == optuna.trial.TrialState.COMPLETE and value is not None:
             self.fill_remaining_points(r, value)
         self.study.tell(r.trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
         del self.running[r.trial.number]  # only once told: a Ctrl-C before leaves it to stop_all, not RUNNING
@@ -410,7 +411,7 @@ class Sweep:
     ) -> tuple[optuna.trial.TrialState, float | None, str | None]:
         # it ended on its own (a stop request may have come during its shutdown): its summary's result counts
         natural = summary is not None and summary.get("stop_reason") not in (None, "interrupted", "error")
-        if natural:
+        if natural and summary is not None:
             value = self.objective.final(summary)
             if value is None:
                 return optuna.trial.TrialState.FAIL, None, f"no {self.objective.name} value in summary.json"
@@ -474,12 +475,12 @@ class Sweep:
                 f"#{r.trial.number} {r.process.elapsed():.0f}s "
                 + (f"now {metric:.4g}" if metric is not None else "starting")
             )
-        complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE]
+        complete = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
         if complete:
             best = (
-                min(complete, key=lambda t: t.value)
+                min(complete, key=lambda t: float(t.value or 0.0))
                 if self.objective.direction == "minimize"
-                else max(complete, key=lambda t: t.value)
+                else max(complete, key=lambda t: float(t.value or 0.0))
             )
             parts.append(f"best #{best.number} {best.value:.4g}")
         parts.append(
