@@ -157,7 +157,7 @@ def wait_for(predicate, seconds: float) -> bool:
 
 def newest_set(run_dir: Path) -> Path:
     """The newest checkpoint set of a run that verifies (run_dir/checkpoints/set-NNNNNN)."""
-    from tianji.runtime.driver.checkpoint import CheckpointSets
+    from tianji.runtime.shared.checkpoint import CheckpointSets
 
     return CheckpointSets(run_dir / "checkpoints").newest_good().path
 

@@ -14,12 +14,17 @@ LAYERS = [  # bottom first: a module may import its own layer and those below
     ("tianji", "tianji.sections"),
     ("tianji.algos", "tianji.envs"),
     ("tianji.config",),
-    ("tianji.runtime.transport", "tianji.runtime.balance", "tianji.runtime.sync"),
-    ("tianji.runtime.driver",),
-    ("tianji.runtime.roles",),
+    # bytes between processes; process life; the balance rules; learner-group collectives
+    ("tianji.runtime.transport", "tianji.runtime.process", "tianji.runtime.balance", "tianji.runtime.sync"),
+    ("tianji.runtime.shared",),  # what roles and the driver both speak: run context, events, checkpoint files
+    ("tianji.runtime.roles", "tianji.runtime.driver"),  # side by side: neither imports the other (below)
     ("tianji.runtime.launchers",),
     ("tianji.tools",),
     ("tianji.cli", "tianji.__main__"),
+]
+APART = [  # rooms of one layer that must not import each other
+    ("tianji.runtime.roles", "tianji.runtime.driver"),
+    ("tianji.runtime.transport", "tianji.runtime.sync"),
 ]
 LAZY_IMPORTS_ALLOWED = {"tianji.cli"}
 
@@ -67,6 +72,23 @@ def import_graph() -> dict[str, list[tuple[str, bool]]]:
 def test_no_module_imports_a_layer_above_its_own():
     upward = [f"{m} -> {i}" for m, imports in import_graph().items() for i, _ in imports if layer_of(i) > layer_of(m)]
     assert not upward, upward
+
+
+def in_room(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def test_rooms_of_one_layer_that_must_stay_apart_do():
+    """Roles do not depend on their supervisor (the driver), nor the driver on the roles' code: what they
+    share lives below both, in tianji.runtime.shared. Transport carries bytes and knows no learner group."""
+    crossing = [
+        f"{m} -> {i}"
+        for m, imports in import_graph().items()
+        for i, _ in imports
+        for a, b in APART
+        if (in_room(m, a) and in_room(i, b)) or (in_room(m, b) and in_room(i, a))
+    ]
+    assert not crossing, crossing
 
 
 def test_no_import_hides_inside_a_function():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tianji.runtime.balance import CreditLedger, LagStats, RateLimiter
+from tianji.runtime.balance import CreditLedger, LagStats, RateLimiter, lag_aware_in_flight
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 
@@ -282,3 +282,32 @@ def test_lag_aware_credits_waste_nothing_in_a_simulated_run(actors, slots, bound
     result = simulate(actors, slots, bound, update_s, seed=actors * 10 + bound, spread=spread)
     assert result["dropped"] == 0, result  # plain credits drop 20-80 % of these fragments
     assert result["max"] <= bound
+
+
+def ledger_mean_in_flight(bound: int, vpf: float, actors: int, slots: int) -> float:
+    """The ledger driven the way the planner models it: the learner is the bottleneck (actors fill a granted
+    slot at once), trains the oldest fragment first, and moves `vpf` versions per fragment. The mean number
+    of fragments in flight over whole periods of its sawtooth (a burst of grants drained one per step)."""
+    ledger = CreditLedger(bound)
+    for a in range(actors):
+        ledger.register(a, a, slots)
+    version, queue, total = 0.0, [], 0
+    steps = 40 * (int(bound / vpf) + 1)  # whole periods
+    for _ in range(steps):
+        queue.extend(ledger.grant(version, vpf))
+        total += ledger.in_flight()
+        identity, slot, _ = queue.pop(0)
+        ledger.arrived(identity, slot)
+        ledger.release(identity, slot)
+        version += vpf
+    return total / steps
+
+
+@pytest.mark.parametrize("vpf", [0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
+def test_the_planners_lag_model_keeps_as_many_fragments_in_flight_as_the_ledger(vpf):
+    """tianji.tools.plan predicts throughput with `lag_aware_in_flight`; the ledger decides. The same number
+    for a grid of bounds and actor counts (fewer slots than that cap it, as the planner caps it by actors)."""
+    for bound in range(13):
+        for actors, slots in ((1, 32), (2, 16), (4, 8), (8, 4), (2, 1), (3, 1)):
+            mean = ledger_mean_in_flight(bound, vpf, actors, slots)
+            assert int(mean) == min(lag_aware_in_flight(bound, vpf), actors * slots), (bound, actors, slots, mean)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from tianji.config import build_config
-from tianji.runtime.driver.checkpoint import CheckpointSets, set_damage
 from tianji.runtime.roles.build import build_learner
+from tianji.runtime.shared.checkpoint import CheckpointSets, set_damage
 from tianji.tools.evaluate import evaluate_run
 from tianji.tools.train import train
 
@@ -118,7 +118,7 @@ def test_eval_plays_the_newest_good_set(tiny_config, tmp_path):
 
 
 def test_a_restarted_learner_reads_the_newest_good_set(tiny_config, tmp_path):
-    from tianji.runtime.driver.checkpoint import FileStore
+    from tianji.runtime.shared.checkpoint import FileStore
 
     run_dir, _ = trained(tiny_config, tmp_path)
     *_, before, newest = sets_of(run_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tianji.runtime.driver.checkpoint import load_learner
+from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import shm_root
 from tianji.tools.train import train
 
@@ -232,7 +232,7 @@ def test_resume_a_group_of_two_learners(tiny_config, tmp_path):
 
 
 def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path):
-    from tianji.runtime.driver.checkpoint import CheckpointError, FileStore
+    from tianji.runtime.shared.checkpoint import CheckpointError, FileStore
 
     run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
     with pytest.raises(CheckpointError, match="resume with as many learners"):
@@ -240,7 +240,7 @@ def test_resume_with_another_number_of_learners_is_refused(tiny_config, tmp_path
 
 
 def test_a_rank_killed_before_its_first_checkpoint_restarts_from_rank_zeros(tiny_config, tmp_path):
-    from tianji.runtime.driver.checkpoint import FileStore
+    from tianji.runtime.shared.checkpoint import FileStore
 
     run_dir, _ = train(tiny_config(max_env_steps=1024), "inline", run_dir=str(tmp_path / "run"))
     restored = FileStore(run_dir / "checkpoints", rank=1).load(restart=True)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tianji.runtime.driver.checkpoint import CheckpointError
+from tianji.runtime.shared.checkpoint import CheckpointError
 from tianji.tools.evaluate import evaluate_run
 from tianji.tools.train import train
 

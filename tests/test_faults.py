@@ -19,8 +19,8 @@ import pytest
 import torch
 import zmq
 
-from tianji.runtime.driver.checkpoint import load_learner
-from tianji.runtime.transport.links import sweep_leftovers
+from tianji.runtime.process.life import sweep_leftovers
+from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, shm_root
 from tianji.runtime.transport.wire import WireError, pack_header
 
@@ -161,9 +161,9 @@ def test_sweep_removes_only_files_of_runs_whose_processes_are_gone(tmp_path):
 
 
 def test_driver_survives_a_flood_of_malformed_events_and_logs_a_few(tiny_config, tmp_path, caplog):
-    from tianji.runtime.driver.context import RunContext
     from tianji.runtime.driver.monitor import Monitor
     from tianji.runtime.driver.supervise import _Supervisor
+    from tianji.runtime.shared.context import RunContext
 
     cfg = tiny_config()
     run = RunContext(cfg, tmp_path, t0=time.time(), resumed=False)

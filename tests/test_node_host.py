@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tianji.runtime.roles.host import HostError, NodeHost, Zygote
+from tianji.runtime.process.host import HostError, NodeHost, Zygote
 
 
 def wait_exit(host: NodeHost, name: str, timeout_s: float = 20.0) -> int | None:
@@ -83,7 +83,7 @@ def test_a_zygote_that_cannot_load_the_role_code_says_which_module():
 
 def test_the_ray_boot_path_imports_no_torch():
     code = (
-        "import sys; import tianji.runtime.launchers.ray_boot, tianji.runtime.roles.host; "
+        "import sys; import tianji.runtime.launchers.ray_boot, tianji.runtime.process.host; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -13,10 +13,11 @@ import pytest
 import zmq
 
 from tianji.config import BalanceConfig, SupervisionConfig
-from tianji.runtime.driver.context import RunContext
+from tianji.runtime.roles.links import LearnerLink
 from tianji.runtime.roles.loops import actor_main, learner_main
-from tianji.runtime.transport.links import Endpoints, LearnerLink
+from tianji.runtime.shared.context import RunContext
 from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
+from tianji.runtime.transport.sockets import Endpoints
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 

@@ -12,11 +12,11 @@ import pytest
 import zmq
 
 from tianji.config import SupervisionConfig
-from tianji.runtime.driver.checkpoint import FileStore
-from tianji.runtime.driver.context import RunContext
 from tianji.runtime.roles.loops import bind_learner, learner_loop, run_role
-from tianji.runtime.transport.links import Endpoints, socket
+from tianji.runtime.shared.checkpoint import FileStore
+from tianji.runtime.shared.context import RunContext
 from tianji.runtime.transport.security import CurveKeys, join
+from tianji.runtime.transport.sockets import Endpoints, socket
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 

@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _boot_ray_if_asked(argv)
     from tianji.config import ConfigError, preset_names
-    from tianji.runtime.driver.checkpoint import CheckpointError
+    from tianji.runtime.shared.checkpoint import CheckpointError
 
     args = _parser().parse_args(argv)
     if args.command == "presets":

@@ -153,6 +153,15 @@ class CreditLedger:
             grants.append((actor.identity, slot, min_version))
 
 
+def lag_aware_in_flight(max_policy_lag: float, versions_per_fragment: float) -> int:
+    """The fragments the `CreditLedger` keeps in flight, on average, while the learner is the bottleneck
+    (the planner's model of it; a test holds the two equal). Grants come in bursts: every fragment in
+    flight may be trained after all the others, so the ledger grants up to bound / versions_per_fragment
+    + 1 from the newest weights, then none until they drain, one fragment's versions at a time: a sawtooth
+    whose mean is about half of that, bound / (2 versions_per_fragment) + 1."""
+    return int(max_policy_lag // (2 * max(versions_per_fragment, 1e-9))) + 1
+
+
 class RateLimiter:
     """Holds the replay ratio (samples trained per env step inserted) inside target * (1 +- tolerance).
 

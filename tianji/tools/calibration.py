@@ -24,9 +24,9 @@ import torch
 
 from tianji.config import Config, build_config
 from tianji.runtime.launchers.local import free_loopback_port
+from tianji.runtime.process.life import die_with_parent
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.runtime.sync import GroupSpec, join_group, leave_group, make_sync, probe_group
-from tianji.runtime.transport.links import die_with_parent
 
 SYNC_LATENCY_S = 100e-6  # one message of a gloo collective between learners, until measured
 SYNC_BANDWIDTH = 1e9  # bytes/s between learners, until measured

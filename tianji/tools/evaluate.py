@@ -18,8 +18,8 @@ from tianji.algos import get_algo
 from tianji.algos.base import Placement
 from tianji.config import Config, ConfigError
 from tianji.envs.make import is_atari, make_atari_screen, make_vector_env
-from tianji.runtime.driver.checkpoint import CheckpointError, CheckpointSets
 from tianji.runtime.roles.evaluator import play_greedy
+from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets
 from tianji.tools.train import load_run_config
 
 VIDEO_FPS = 30

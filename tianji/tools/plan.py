@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from tianji.config import Config, build_config
-from tianji.runtime.transport.links import die_with_parent
+from tianji.runtime.balance import lag_aware_in_flight
+from tianji.runtime.process.life import die_with_parent
 from tianji.tools.calibration import (
     Calibration,
     Space,
@@ -381,13 +382,6 @@ def predicted_max_lag(actors: int, versions_per_fragment: float, max_inflight: i
     Lag-aware credits (tianji.runtime.balance.CreditLedger) cap it at balance.max_policy_lag."""
     queue = max_inflight if actors_wait else 1
     return actors * versions_per_fragment * queue + max(1.0, versions_per_fragment)
-
-
-def lag_aware_in_flight(max_policy_lag: float, versions_per_fragment: float) -> int:
-    """Fragments the lag-aware credits keep in flight at once: any may be trained on after all the
-    others, and each starts from the weights of its grant, so n in flight need a bound of about
-    2 (n - 1) versions per fragment."""
-    return int(max_policy_lag // (2 * max(versions_per_fragment, 1e-9))) + 1
 
 
 def bound_needed(actors: int, learner_bound: bool, versions_per_fragment: float) -> float:

@@ -14,11 +14,11 @@ from tianji import __version__
 from tianji.algos import get_algo
 from tianji.config import Config, ConfigError, build_config, to_yaml
 from tianji.envs.make import env_spaces
-from tianji.runtime.driver.checkpoint import CheckpointSets, describe_os_error
-from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.launchers.registry import LAUNCHERS
+from tianji.runtime.shared.checkpoint import CheckpointSets, describe_os_error
+from tianji.runtime.shared.context import RunContext
 from tianji.tools.plan import needs_plan, resolve_layout
 
 log = logging.getLogger("tianji")

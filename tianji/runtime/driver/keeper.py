@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tianji.runtime.driver.checkpoint import STAGING, CheckpointSets, describe_os_error
-from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
+from tianji.runtime.shared.checkpoint import STAGING, CheckpointSets, describe_os_error
+from tianji.runtime.shared.context import RunContext
 
 log = logging.getLogger("tianji")
 

@@ -1,4 +1,4 @@
-"""The driver's view of a run: it aggregates the roles' events (tianji.runtime.driver.events), asks
+"""The driver's view of a run: it aggregates the roles' events (tianji.runtime.shared.events), asks
 its stop conditions (tianji.runtime.driver.stop) whether the run is over, and hands rows to the
 writers (tianji.runtime.driver.writers).
 
@@ -17,8 +17,10 @@ from typing import Any, cast
 
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
-from tianji.runtime.driver.checkpoint import describe_os_error
-from tianji.runtime.driver.events import (
+from tianji.runtime.driver.stop import StopConditions
+from tianji.runtime.driver.writers import ConsoleLine, RowWriter
+from tianji.runtime.shared.checkpoint import describe_os_error
+from tianji.runtime.shared.events import (
     ACTOR_COUNTERS,
     LEARNER_COUNTERS,
     ActorEvent,
@@ -27,8 +29,6 @@ from tianji.runtime.driver.events import (
     LearnerEvent,
     MeasuredCosts,
 )
-from tianji.runtime.driver.stop import StopConditions
-from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 
 log = logging.getLogger("tianji")
 WINDOW = 100

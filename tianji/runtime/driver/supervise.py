@@ -13,11 +13,12 @@ from typing import Protocol
 
 import zmq
 
-from tianji.runtime.driver.context import RunContext
-from tianji.runtime.driver.events import Event, checked_event
+from tianji.runtime.driver.control import ControlChannel
 from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
-from tianji.runtime.transport.links import ControlChannel, log, log_rejected
+from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.events import Event, checked_event
+from tianji.runtime.shared.logs import log, log_rejected
 from tianji.runtime.transport.wire import WireError, pack_header, unpack_header
 
 STOP_GRACE_S = 20.0

@@ -13,14 +13,14 @@ from collections.abc import Hashable
 
 import torch
 
-from tianji.runtime.driver.checkpoint import FileStore
-from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.keeper import CheckpointKeeper
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
 from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import LearnerService
+from tianji.runtime.shared.checkpoint import FileStore
+from tianji.runtime.shared.context import RunContext
 from tianji.runtime.transport.wire import unpack_header
 
 

@@ -19,13 +19,16 @@ from typing import Any
 
 import zmq
 
-from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.control import ControlChannel
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import drive, is_learner
+from tianji.runtime.process.life import new_token, sweep_leftovers
 from tianji.runtime.roles.loops import actor_main, evaluator_main, learner_main, learner_of, role_pool
+from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.logs import log
 from tianji.runtime.sync import GroupSpec
-from tianji.runtime.transport.links import ControlChannel, Endpoints, log, new_token, socket, sweep_leftovers
 from tianji.runtime.transport.shm import remove_pools
+from tianji.runtime.transport.sockets import Endpoints, socket
 
 
 def run_local(run: RunContext, monitor: Monitor) -> str:

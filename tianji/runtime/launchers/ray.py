@@ -3,7 +3,7 @@
 Ray does what it is good at: placing work on nodes (one placement group, a bundle per role),
 telling where each bundle landed, noticing lost nodes, and carrying small control messages (where
 a role runs, the run's keys, a checkpoint to resume from). On each node one Ray actor, a node host
-(`tianji.runtime.roles.host`), starts that node's roles from a zygote that imported the role code
+(`tianji.runtime.process.host`), starts that node's roles from a zygote that imported the role code
 once, so a node pays one torch import, not one per role. Samples and weights never go through Ray:
 they travel on TianJi's own data plane, shared-memory slots when an actor and the learner share a
 node and CURVE-encrypted ZeroMQ TCP between nodes. The driver stays the supervising process, as
@@ -27,23 +27,18 @@ from typing import Any
 import zmq
 
 from tianji.config import Config, ConfigError, build_config
-from tianji.runtime.driver.checkpoint import CheckpointSets, ShippedStore
-from tianji.runtime.driver.context import RunContext
+from tianji.runtime.driver.control import ControlChannel
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
 from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, Booted, RayNodeHost, booted
+from tianji.runtime.process.life import new_token, sweep_leftovers
 from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
+from tianji.runtime.shared.checkpoint import CheckpointSets, ShippedStore
+from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.logs import log
 from tianji.runtime.sync import GroupSpec, probe_group
-from tianji.runtime.transport.links import (
-    ControlChannel,
-    Endpoints,
-    bound_endpoint,
-    log,
-    new_token,
-    socket,
-    sweep_leftovers,
-)
 from tianji.runtime.transport.security import CurveKeys, Gatekeeper
+from tianji.runtime.transport.sockets import Endpoints, bound_endpoint, socket
 
 ANY_INTERFACE = "0.0.0.0"
 POLL_INTERVAL_S = 0.25  # how often the driver asks the hosts which roles ended

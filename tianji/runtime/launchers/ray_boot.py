@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tianji.runtime.roles.host import NodeHost, Zygote
+from tianji.runtime.process.host import NodeHost, Zygote
 from tianji.sections import ConfigError
 
 LOOPBACK = "127.0.0.1"

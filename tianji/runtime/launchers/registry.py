@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tianji.runtime.driver.context import RunContext
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.launchers.inline import run_inline
 from tianji.runtime.launchers.local import run_local
 from tianji.runtime.launchers.ray import run_ray
+from tianji.runtime.shared.context import RunContext
 
 Launcher = Callable[[RunContext, Monitor], str]
 

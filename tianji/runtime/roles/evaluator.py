@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tianji.algos.base import ActorPolicy
-from tianji.runtime.driver.events import EvalEvent
+from tianji.runtime.shared.events import EvalEvent
 
 MAX_EVAL_STEPS = 100_000  # guard for envs without a time limit
 

@@ -1,5 +1,5 @@
 """The role loops: learner, actor, evaluator. Each knows only its endpoints and its transport
-(`tianji.runtime.transport.links`: shared-memory slots on one machine, array frames across machines); a
+(`tianji.runtime.transport.sockets`: shared-memory slots on one machine, array frames across machines); a
 launcher decides where it runs and calls `*_main` (or `run_role` with a loop) as a process body.
 
 Every role exits when the driver asks (stop), when the driver falls silent (it died: see
@@ -20,13 +20,16 @@ from typing import Any
 import torch
 import zmq
 
-from tianji.runtime.driver.checkpoint import FileStore, ShippedStore
-from tianji.runtime.driver.context import RunContext
-from tianji.runtime.driver.events import heartbeat, measured, role_error, stopped
+from tianji.runtime.process.life import die_with_parent
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
+from tianji.runtime.roles.links import DriverGone, DriverLink, FrameSender, LearnerLink, SlotSender
 from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService
+from tianji.runtime.shared.checkpoint import FileStore, ShippedStore
+from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.events import heartbeat, measured, role_error, stopped
+from tianji.runtime.shared.logs import log, log_rejected
 from tianji.runtime.sync import (
     GroupSpec,
     GroupStopping,
@@ -36,21 +39,9 @@ from tianji.runtime.sync import (
     make_sync,
     measure_group,
 )
-from tianji.runtime.transport.links import (
-    DriverGone,
-    DriverLink,
-    Endpoints,
-    FrameSender,
-    LearnerLink,
-    SlotSender,
-    bound_endpoint,
-    die_with_parent,
-    log,
-    log_rejected,
-    socket,
-)
 from tianji.runtime.transport.security import Gatekeeper
 from tianji.runtime.transport.shm import SlotReader, pool_path
+from tianji.runtime.transport.sockets import Endpoints, bound_endpoint, socket
 from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
 
 # ---------------------------------------------------------------- process body shared by every role

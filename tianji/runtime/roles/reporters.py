@@ -1,12 +1,12 @@
 """What actors and learners report to the driver: deltas of their cumulative counters since the last
-event, as the event messages of tianji.runtime.driver.events."""
+event, as the event messages of tianji.runtime.shared.events."""
 
 from __future__ import annotations
 
 from tianji.runtime.balance import CreditLedger
-from tianji.runtime.driver.events import ActorEvent, LearnerEvent, actor_event, learner_event
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.learner import Learner
+from tianji.runtime.shared.events import ActorEvent, LearnerEvent, actor_event, learner_event
 
 
 class _Deltas:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tianji.runtime.transport.links import die_with_parent
+from tianji.runtime.process.life import die_with_parent
 
 LOG_NAME = "train.log"  # the trial's stdout and stderr, in its run directory
 

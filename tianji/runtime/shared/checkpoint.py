@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tianji.runtime.driver.events import checkpoint_notice
+from tianji.runtime.shared.events import checkpoint_notice
 from tianji.runtime.transport.wire import pack_header
 
 log = logging.getLogger("tianji")

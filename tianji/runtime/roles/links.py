@@ -1,232 +1,24 @@
-"""The links between roles: endpoints, sockets, and each role's view of the driver and the learner.
-
-    actor/evaluator --DEALER--> learner ROUTER   hello {actor, slots}; fragment notices {slot, epoch, ...}
-    actor/evaluator <--DEALER-- learner ROUTER   weights {version, epoch} (reply to hello);
-                                                 credit {slot, min_version, epoch}
-    actor          <-DEALER-> learner ROUTER   probe {n} + payload, echoed as probe {n} (a TCP link's rate)
-    actor/evaluator <--SUB----- learner PUB      weights {version, epoch}, newest wins
-    every role      --PUSH----> driver PULL      metric deltas (also heartbeats), checkpoint notices, errors
-    every role      <--SUB----- driver PUB       stop, heartbeat, learner_restarted {epoch}
-
-Sample data travels in frames only to a learner on another machine; there an actor first measures
-its link (`LearnerLink.measure`). A learner's `epoch` is its incarnation: the driver restarts a dead learner with
-the next epoch, and everything stamped with an older one (credits, notices, weights) is ignored.
-On one machine notices name shared-memory slots instead (see tianji.runtime.transport.shm).
-"""
+"""Each role's view of the others: the driver's orders (`DriverLink`), the learner's weights and credits
+(`LearnerLink`), and how a fragment reaches the learner (`SlotSender` on one machine, `FrameSender` across).
+The message table is in tianji.runtime.transport.sockets."""
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
-import re
-import secrets
-import signal
-import sys
-import tempfile
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import zmq
 
-from tianji.runtime.transport.security import CurveKeys, join, serve
-from tianji.runtime.transport.shm import SlotWriter, shm_root
+from tianji.runtime.shared.logs import log_rejected
+from tianji.runtime.transport.shm import SlotWriter
+from tianji.runtime.transport.sockets import Endpoints, newest, socket
 from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
 
-log = logging.getLogger("tianji")
-
-HEARTBEAT_INTERVAL_S = 0.5  # the driver's heartbeat on the control socket
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 PROBE_BYTES = 1 << 20  # a link probe's payload: enough that its transfer, not the latency, sets its time
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Where a run's roles meet. ipc paths on one machine; TCP addresses (with the run's CURVE
-    keys) across machines, the learner's filled in once it has bound."""
-
-    fragments: str
-    weights: str
-    events: str
-    control: str
-    keys: CurveKeys | None = None
-
-    @classmethod
-    def ipc(cls, token: str, learner: int = 0) -> Endpoints:
-        """One machine: the run's ipc paths, with those of learner `learner` (each learner has its own)."""
-        base = f"ipc://{tempfile.gettempdir()}/tianji-{token}"
-        return cls(f"{base}-fragments{learner}", f"{base}-weights{learner}", f"{base}-events", f"{base}-control")
-
-    def ipc_paths(self) -> list[Path]:
-        return [
-            Path(e[len("ipc://") :])
-            for e in (self.fragments, self.weights, self.events, self.control)
-            if e.startswith("ipc://")
-        ]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "fragments": self.fragments,
-            "weights": self.weights,
-            "events": self.events,
-            "control": self.control,
-            "keys": None if self.keys is None else self.keys.as_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Endpoints:
-        keys = raw.get("keys")
-        return cls(
-            raw["fragments"], raw["weights"], raw["events"], raw["control"], None if keys is None else CurveKeys(**keys)
-        )
-
-
-def new_token() -> str:
-    """A run's token; it names the run's ipc sockets and slot files and carries the driver's pid,
-    so that a later run can tell leftovers of a dead driver (see `sweep_leftovers`)."""
-    return f"{secrets.token_hex(4)}p{os.getpid()}"
-
-
-_LEFTOVER = re.compile(r"^tianji-[0-9a-f]+p(\d+)-")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")  # a zombie has exited
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_leftovers() -> list[Path]:
-    """Remove ipc sockets and slot files of runs whose processes are all gone (a driver killed with
-    kill -9 cannot clean up); names carry the driver's pid and, for slot files, the owner's."""
-    removed = []
-    for folder in {shm_root(), Path(tempfile.gettempdir())}:
-        for path in folder.glob("tianji-*"):
-            match = _LEFTOVER.match(path.name)
-            if match is None:
-                continue
-            pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end() :]))]
-            if any(_pid_alive(pid) for pid in pids):
-                continue
-            try:
-                path.unlink()
-                removed.append(path)
-            except OSError:  # another user's, or gone already
-                pass
-    return removed
-
-
-def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False, keys: CurveKeys | None = None) -> zmq.Socket:
-    """A socket bound or connected to `endpoint`; every TCP one is CURVE-secured with the run's keys.
-    Binding to port `*` picks a free port: `sock.last_endpoint` says which."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 1000)  # never hang on exit if the peer is gone
-    if kind == zmq.SUB:
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-    if endpoint.startswith("tcp://"):
-        if keys is None:
-            raise ValueError(f"{endpoint}: TCP sockets need the run's CURVE keys")
-        (serve if bind else join)(sock, keys)
-    (sock.bind if bind else sock.connect)(endpoint)
-    return sock
-
-
-def bound_endpoint(sock: zmq.Socket) -> str:
-    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
-    return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
-
-
-def newest(sock: zmq.Socket) -> list[Any] | None:
-    """Drain a SUB socket and keep the newest message (newest weights win)."""
-    message = None
-    while sock.poll(0):
-        message = sock.recv_multipart(copy=False)
-    return message
-
-
-def log_rejected(role: str, count: int, reason: Any) -> None:
-    """Warn about the first rejected messages, then every 1000th: a flood must not flood the log."""
-    if count <= 10 or count % 1000 == 0:
-        log.warning("%s rejected a message (%d so far): %s", role, count, reason)
-
-
-def die_with_parent(parent_pid: int | None) -> None:
-    """Linux: the kernel sends this process SIGTERM when its parent (the driver) exits, kill -9 included.
-    `parent_pid=None` when the driver is not the parent (other launchers rely on the heartbeat)."""
-    if parent_pid is None:
-        return
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the driver died before the signal was armed
-        raise SystemExit(f"driver {parent_pid} is gone")
-
-
-class ControlChannel:
-    """The driver's side of the control socket (PUB): orders from the driver's loop, and a heartbeat
-    every HEARTBEAT_INTERVAL_S from a thread of its own, so roles hear the driver even while its loop
-    is busy (a slow Ray call, a checkpoint); they exit only when the driver process is gone.
-
-        control = ControlChannel(ctx, endpoints.control, keys)
-        control.send(pack_header({"kind": "stop"}))
-    """
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, keys: CurveKeys | None = None):
-        inbox = f"inproc://tianji-control-{secrets.token_hex(4)}"
-        self._orders = ctx.socket(zmq.PAIR)
-        self._orders.bind(inbox)
-        self._thread = threading.Thread(
-            target=self._forward, args=(ctx, endpoint, keys, inbox), name="tianji-control", daemon=True
-        )
-        self._thread.start()
-        self.endpoint = self._orders.recv().decode()  # the bound address (port `*` resolved), or an error
-        if self.endpoint.startswith("error: "):
-            raise zmq.ZMQError(msg=self.endpoint)
-
-    def send(self, message: bytes) -> None:
-        self._orders.send(message)
-
-    def close(self) -> None:
-        self._orders.send(b"")  # the end
-        self._thread.join(5)
-        self._orders.close(linger=0)
-
-    @staticmethod
-    def _forward(ctx: zmq.Context, endpoint: str, keys: CurveKeys | None, inbox: str) -> None:
-        orders = ctx.socket(zmq.PAIR)
-        orders.connect(inbox)
-        try:
-            publisher = socket(ctx, zmq.PUB, endpoint, bind=True, keys=keys)
-        except zmq.ZMQError as exc:
-            orders.send(f"error: {endpoint}: {exc}".encode())
-            orders.close(linger=0)
-            return
-        orders.send(bound_endpoint(publisher).encode())
-        heartbeat = pack_header({"kind": "heartbeat"})
-        try:
-            while True:
-                if orders.poll(int(HEARTBEAT_INTERVAL_S * 1000)):
-                    message = orders.recv()
-                    if not message:
-                        return
-                    publisher.send(message)
-                publisher.send(heartbeat)
-        finally:
-            publisher.close(linger=0)
-            orders.close(linger=0)
 
 
 class DriverGone(Exception):

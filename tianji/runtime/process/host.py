@@ -5,7 +5,7 @@ role code (torch, the envs) once rather than once per role.
     pid = host.start("actor0", "tianji.runtime.launchers.ray:role_process", spec)
     host.exitcodes()                                     # {"actor0": (pid, None)} while it runs
 
-The zygote is a fresh interpreter (`python -m tianji.runtime.roles.host`) that imports the named
+The zygote is a fresh interpreter (`python -m tianji.runtime.process.host`) that imports the named
 modules, then forks one child per request; a child runs `module:function(spec)` and exits. Forking
 from this single-threaded zygote rather than from the host keeps children clear of whatever threads
 the host's own process runs (a Ray worker runs many). The zygote listens on a Unix socket in a
@@ -34,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tianji.runtime.transport.links import die_with_parent
+from tianji.runtime.process.life import die_with_parent
 
 READY = "ready"
 CONNECT_TIMEOUT_S = 60.0
@@ -53,7 +53,7 @@ class Zygote:
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700: this user only
         self.path = str(self.folder / "socket")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tianji.runtime.roles.host", self.path, str(os.getpid()), *preload],
+            [sys.executable, "-m", "tianji.runtime.process.host", self.path, str(os.getpid()), *preload],
             stdin=subprocess.DEVNULL,
         )
 

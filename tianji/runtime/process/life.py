@@ -1,0 +1,77 @@
+"""Process life: a role dies with its driver, and a run's leftovers die with it (ipc sockets and slot files
+a driver killed with kill -9 could not remove are swept by the next run).
+
+    token = new_token()          # names the run's ipc sockets and slot files, carries the driver's pid
+    die_with_parent(driver_pid)  # in a role process: SIGTERM when the driver exits
+    sweep_leftovers()            # at a run's start: remove what dead runs left
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import secrets
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from tianji.runtime.transport.shm import shm_root
+
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def new_token() -> str:
+    """A run's token; it names the run's ipc sockets and slot files and carries the driver's pid,
+    so that a later run can tell leftovers of a dead driver (see `sweep_leftovers`)."""
+    return f"{secrets.token_hex(4)}p{os.getpid()}"
+
+
+_LEFTOVER = re.compile(r"^tianji-[0-9a-f]+p(\d+)-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")  # a zombie has exited
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_leftovers() -> list[Path]:
+    """Remove ipc sockets and slot files of runs whose processes are all gone (a driver killed with
+    kill -9 cannot clean up); names carry the driver's pid and, for slot files, the owner's."""
+    removed = []
+    for folder in {shm_root(), Path(tempfile.gettempdir())}:
+        for path in folder.glob("tianji-*"):
+            match = _LEFTOVER.match(path.name)
+            if match is None:
+                continue
+            pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end() :]))]
+            if any(_pid_alive(pid) for pid in pids):
+                continue
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:  # another user's, or gone already
+                pass
+    return removed
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent (the driver) exits, kill -9 included.
+    `parent_pid=None` when the driver is not the parent (other launchers rely on the heartbeat)."""
+    if parent_pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the driver died before the signal was armed
+        raise SystemExit(f"driver {parent_pid} is gone")
