@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_env"
 
 
-def test_readme_shows_the_example_files_verbatim():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_show_the_example_files_verbatim():
+    page = (REPO / "docs" / "environments.md").read_text()
     for name in ("myenvs.py", "gridwalk.yaml"):
-        assert (EXAMPLE / name).read_text() in readme, f"README's copy of {name} is out of date"
+        assert (EXAMPLE / name).read_text() in page, f"docs/environments.md's copy of {name} is out of date"
 
 
 def train_example(tmp_path: Path, *overrides: str) -> dict:

@@ -1,4 +1,4 @@
-"""The README's "Run on a cluster" block, run as written (the head's address filled in): a fresh
+"""The docs' cluster block (docs/launchers.md, "A Ray cluster"), run as written (the head's address filled in): a fresh
 token, a head and a second `ray start` node on this machine, a run that joins them and one with a
 Ray instance of its own. Marked `ray`; it stops every Ray process on this machine when done."""
 
@@ -15,12 +15,12 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-README = Path(__file__).parents[1] / "README.md"
+LAUNCHERS_PAGE = Path(__file__).parents[1] / "docs" / "launchers.md"
 COUNT_NODES = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
 
 
 def cluster_block() -> list[str]:
-    section = README.read_text().split("## Run on a cluster", 1)[1]
+    section = LAUNCHERS_PAGE.read_text().split("## A Ray cluster", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [line for line in block.splitlines() if line.strip()]
 
@@ -45,7 +45,7 @@ def test_the_readme_cluster_block_runs_as_written(tmp_path):
     (tmp_path / "home").mkdir()
     address = machine_address(env)
     if address.startswith("127."):
-        pytest.skip("this machine has no network address; the README's two `ray start` nodes need one")
+        pytest.skip("this machine has no network address; the docs' two `ray start` nodes need one")
     lines = cluster_block()
     assert any(line.startswith("ray start --head") for line in lines)
     script = "set -euo pipefail\n" + "\n".join(lines).replace("HEAD_IP", address)
