@@ -26,11 +26,11 @@ def config_reference() -> str:
     return "\n".join(rows)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001  (MkDocs' hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     return markdown.replace(MARKER, config_reference()) if MARKER in markdown else markdown
 
 
-def on_files(files, config):  # noqa: ANN001, ANN201  (MkDocs' hook signature)
+def on_files(files, config):
     for picture in sorted((BENCHMARKS / "results").glob("*.png")):
         files.append(File(f"results/{picture.name}", str(BENCHMARKS), config["site_dir"], config["use_directory_urls"]))
     return files
