@@ -1,0 +1,298 @@
+"""TianJi against RLlib and Stable-Baselines3 on one machine: time to the same target, side by side.
+
+    pip install -e '.[peers]'           # ray[rllib], stable-baselines3, rl-zoo3 (its published hyperparameters)
+    python benchmarks/peers.py [--tasks cartpole-ppo cartpole-dqn acrobot-ppo pong-ppo] [--seeds 3]
+                               [--cap-s 300] [--pong-minutes 30] [--out benchmarks/results/peers]
+
+Runs interleave (TianJi, RLlib, SB3, TianJi, ...), one at a time, each a fresh command timed from its start
+(imports included) to the target or the cap; a run that misses the cap counts as the cap and is marked
+">". Each peer uses its own published tuned settings (RLlib's tuned examples, rl-zoo's hyperparameter files;
+`benchmarks/peers_run.py` says which) with as many env runners as the machine has cores. Targets:
+
+- cartpole-ppo: 100-episode mean training return >= 475;
+- cartpole-dqn: greedy evaluation mean (20 episodes) >= 475;
+- acrobot-ppo: 100-episode mean >= -100;
+- pong-ppo: score and env steps at the cap, and the time to the first of -15, 0, 12 and 18 each reaches.
+
+Writes a table (median wall time and spread, env steps, env steps/s, each peer's time over TianJi's) with
+the machine and every system's version to OUT.md and OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+TIANJI_PRESETS = {
+    "cartpole-ppo": "cartpole-ppo",
+    "cartpole-dqn": "cartpole-dqn",
+    "acrobot-ppo": "acrobot-ppo",
+    "pong-ppo": "pong-ppo",
+}
+TARGETS = {
+    "cartpole-ppo": ("mean100", 475.0),
+    "cartpole-dqn": ("greedy eval of 20", 475.0),
+    "acrobot-ppo": ("mean100", -100.0),
+    "pong-ppo": ("mean100", 18.0),
+}
+PONG_THRESHOLDS = (-15.0, 0.0, 12.0, 18.0)
+PAPER = {"RLlib (PPO)": 4.36, "XingTian (PPO)": 2.95, "best": 4.37}  # the paper's headline: peer time / TianJi's
+
+
+def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]:
+    run_dir = work / f"tianji-{task}-s{seed}"
+    command = [
+        sys.executable,
+        "-m",
+        "tianji",
+        "train",
+        TIANJI_PRESETS[task],
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"stop.max_wall_time_s={cap_s}",
+        "--set",
+        "logging.console=false",
+        "--set",
+        "checkpoint.interval_s=600",
+    ]
+    if task == "pong-ppo":
+        command += ["--set", "stop.target_return=18", "--set", "logging.interval_s=10"]
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    points = tianji_points(run_dir, task)
+    reached = bool(summary["target_reached"])
+    return {
+        "reached": reached,
+        "seconds": summary["time_to_target_s"] if reached else summary["wall_time_s"],
+        "env_steps": summary["env_steps_to_target"] if reached else summary["env_steps"],
+        "final": points[-1][2] if points else None,
+        "thresholds": thresholds_of(points),
+        "points": points,
+    }
+
+
+def tianji_points(run_dir: Path, task: str) -> list[tuple[float, int, float]]:
+    key = "eval/return_mean" if task == "cartpole-dqn" else "env/return_mean100"
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [
+            (float(r["time_s"]), int(float(r["env_steps"])), float(r[key]))
+            for r in csv.DictReader(f)
+            if r.get(key) not in (None, "", "nan")
+        ]
+
+
+def thresholds_of(points: list[tuple[float, int, float]]) -> dict[str, tuple[float, int]]:
+    out: dict[str, tuple[float, int]] = {}
+    for threshold in PONG_THRESHOLDS:
+        hit = next(((t, s) for t, s, v in points if v >= threshold), None)
+        if hit is not None:
+            out[str(threshold)] = hit
+    return out
+
+
+def run_peer(system: str, task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]:
+    out = work / f"{system}-{task}-s{seed}.json"
+    command = [
+        sys.executable,
+        str(HERE / "peers_run.py"),
+        "--system",
+        system,
+        "--task",
+        task,
+        "--seed",
+        str(seed),
+        "--cap-s",
+        str(cap_s),
+        "--out",
+        str(out),
+    ]
+    with open(out.with_suffix(".log"), "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=cap_s + 600)
+    if done.returncode != 0 or not out.exists():
+        return {
+            "reached": False,
+            "seconds": cap_s,
+            "env_steps": 0,
+            "final": None,
+            "thresholds": {},
+            "points": [],
+            "error": f"exit code {done.returncode}; see {out.with_suffix('.log')}",
+        }
+    result = json.loads(out.read_text())
+    result["thresholds"] = {k: tuple(v) for k, v in result["thresholds"].items()}
+    return result
+
+
+def machine() -> dict[str, Any]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    memory = int(Path("/proc/meminfo").read_text().split()[1]) // (1024 * 1024)
+    versions = {}
+    for package in ("tianji", "torch", "gymnasium", "ale-py", "ray", "stable-baselines3", "rl-zoo3"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gib": memory,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": versions,
+    }
+
+
+def summarise(task: str, system: str, runs: list[dict[str, Any]], cap_s: float) -> dict[str, Any]:
+    seconds = [r["seconds"] for r in runs]
+    reached = [r for r in runs if r["reached"]]
+    rates = [r["env_steps"] / r["seconds"] for r in runs if r["seconds"] > 0 and r["env_steps"]]
+    row = {
+        "task": task,
+        "system": system,
+        "runs": len(runs),
+        "reached": len(reached),
+        "median_s": statistics.median(seconds),
+        "min_s": min(seconds),
+        "max_s": max(seconds),
+        "median_env_steps": statistics.median(r["env_steps"] for r in runs),
+        "env_steps_per_s": statistics.median(rates) if rates else None,
+        "capped": len(reached) < len(runs),
+        "cap_s": cap_s,
+        "final": statistics.median(r["final"] for r in runs if r["final"] is not None)
+        if any(r["final"] is not None for r in runs)
+        else None,
+        "errors": [r["error"] for r in runs if "error" in r],
+    }
+    if task == "pong-ppo":
+        row["thresholds"] = {str(t): [r["thresholds"].get(str(t)) for r in runs] for t in PONG_THRESHOLDS}
+    return row
+
+
+def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    def time_cell(row: dict[str, Any]) -> str:
+        mark = ">" if row["reached"] == 0 else ""
+        spread = f" ({row['min_s']:.0f}-{row['max_s']:.0f})" if row["runs"] > 1 else ""
+        return f"{mark}{row['median_s']:.1f} s{spread}, {row['reached']}/{row['runs']} reached"
+
+    tianji = {r["task"]: r for r in rows if r["system"] == "tianji"}
+    v = info["versions"]
+    lines = [
+        "# TianJi, RLlib and Stable-Baselines3, side by side",
+        "",
+        f"{info['date']}; {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB; Python {info['python']}; "
+        f"TianJi {v['tianji']}, torch {v['torch']}, Gymnasium {v['gymnasium']}, ale-py {v['ale-py']}, "
+        f"Ray RLlib {v['ray']}, Stable-Baselines3 {v['stable-baselines3']} with rl-zoo3 {v['rl-zoo3']}. "
+        "Time from each command's start (imports included) to the target; a run that misses its cap counts as "
+        "the cap and is marked '>' (then the ratio is a lower bound). Runs interleaved, one at a time.",
+        "",
+        "| task (target) | system | wall time, median (spread) | env steps (median) | env steps/s | time / TianJi's |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if row["task"] == "pong-ppo":
+            continue
+        metric, target = TARGETS[row["task"]]
+        base = tianji.get(row["task"])
+        ratio = (
+            "1.00"
+            if row["system"] == "tianji"
+            else (f"{'>' if row['reached'] == 0 else ''}{row['median_s'] / base['median_s']:.2f}x" if base else "-")
+        )
+        rate = f"{row['env_steps_per_s']:,.0f}" if row["env_steps_per_s"] else "-"
+        lines.append(
+            f"| {row['task']} ({metric} >= {target:g}) | {row['system']} | {time_cell(row)} | "
+            f"{row['median_env_steps'] / 1e3:,.0f}k | {rate} | {ratio} |"
+        )
+    pong = [r for r in rows if r["task"] == "pong-ppo"]
+    if pong:
+        lines += [
+            "",
+            f"Pong (100-episode mean game score; cap {pong[0]['cap_s'] / 60:.0f} minutes):",
+            "",
+            "| system | score at the cap (median) | env steps | env steps/s | minutes to -15 / 0 / 12 / 18 |",
+            "|---|---|---|---|---|",
+        ]
+        for row in pong:
+            reached = " / ".join(
+                ", ".join(f"{hit[0] / 60:.1f}" if hit else "-" for hit in row["thresholds"][str(t)])
+                for t in PONG_THRESHOLDS
+            )
+            final = f"{row['final']:.1f}" if row["final"] is not None else "-"
+            rate = f"{row['env_steps_per_s']:,.0f}" if row["env_steps_per_s"] else "-"
+            lines.append(f"| {row['system']} | {final} | {row['median_env_steps'] / 1e6:.2f}M | {rate} | {reached} |")
+    lines += [
+        "",
+        f"The paper's claim: TianJi reaches the same score up to {PAPER['best']}x sooner "
+        f"({PAPER['RLlib (PPO)']}x RLlib, {PAPER['XingTian (PPO)']}x XingTian on PPO).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tasks", nargs="+", default=["cartpole-ppo", "cartpole-dqn", "acrobot-ppo", "pong-ppo"], choices=list(TARGETS)
+    )
+    parser.add_argument("--systems", nargs="+", default=["tianji", "rllib", "sb3"], choices=["tianji", "rllib", "sb3"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--pong-seeds", type=int, default=1)
+    parser.add_argument("--cap-s", type=float, default=300.0, help="cap of the CartPole and Acrobot runs")
+    parser.add_argument("--pong-minutes", type=float, default=30.0)
+    parser.add_argument("--work", default="runs/peers")
+    parser.add_argument("--out", default=str(HERE / "results" / "peers"))
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for task in args.tasks:
+        cap = args.pong_minutes * 60 if task == "pong-ppo" else args.cap_s
+        for seed in range(args.pong_seeds if task == "pong-ppo" else args.seeds):
+            for system in args.systems:  # interleaved: the machine's drift spreads over every system alike
+                print(f"{task} seed {seed}: {system} ...", flush=True)
+                run = (
+                    run_tianji(task, seed, cap, work) if system == "tianji" else run_peer(system, task, seed, cap, work)
+                )
+                results.setdefault((task, system), []).append(run)
+                print(
+                    f"  {'reached' if run['reached'] else 'missed'} in {run['seconds']:.1f} s, "
+                    f"{run['env_steps']:,} env steps, final {run['final']}",
+                    flush=True,
+                )
+    info = machine()
+    rows = [
+        summarise(task, system, runs, runs and (args.pong_minutes * 60 if task == "pong-ppo" else args.cap_s))
+        for (task, system), runs in results.items()
+    ]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"machine": info, "rows": rows, "runs": {f"{t}/{s}": r for (t, s), r in results.items()}}, indent=1)
+    )
+    out.with_suffix(".md").write_text(table(rows, info))
+    print(table(rows, info))
+
+
+if __name__ == "__main__":
+    main()
