@@ -168,3 +168,14 @@ def has_set(run_dir: Path) -> bool:
         return True
     except ValueError:  # CheckpointError: nothing written yet
         return False
+
+
+def assert_lag_bounded(summary: dict, bound: int, max_dropped_fraction: float = 0.0) -> None:
+    """The lag bound held where it can fail. The learner drops a fragment over the bound, so the lag of what
+    was trained is within it by construction; what the credits granted is what must stay within it: nothing
+    dropped (off-policy, where updates per fragment vary, at most `max_dropped_fraction`), and every fragment
+    trained within the bound."""
+    dropped, trained = summary["fragments_dropped"], summary["fragments_trained"]
+    assert trained > 0
+    assert dropped <= max_dropped_fraction * (dropped + trained), summary["dropped_lag_histogram"]
+    assert max(int(lag) for lag in summary["policy_lag_histogram"]) <= bound, summary["policy_lag_histogram"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,19 @@ def csv_columns(run_dir: Path) -> list[str]:
 
 def jsonl_keys(run_dir: Path) -> set[str]:
     return {key for line in open(run_dir / "metrics.jsonl") for key in json.loads(line)}
+
+
+RANGES = {  # what each diagnostic can be: a value outside means it measures something else
+    "train/entropy": (0.0, 10.0),
+    "train/approx_kl": (-1e-6, 5.0),
+    "train/clip_frac": (0.0, 1.0),
+    "train/explained_variance": (-1e3, 1.0),
+    "train/grad_norm": (0.0, 1e6),
+    "train/lr": (1e-12, 1.0),
+    "train/rho_mean": (1e-6, 1e3),
+    "train/rho_clipped": (0.0, 1.0),
+    "train/dead_units": (0.0, 1.0),
+}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +95,11 @@ def test_policy_gradient_diagnostics_reach_the_csv(preset, overrides, specific, 
     assert EVERY_POLICY_GRADIENT | specific <= set(columns)
     assert jsonl_keys(run_dir) <= set(columns), "the CSV carries every metric the JSONL carries"
     rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
-    assert any(row["train/entropy"] not in ("", "nan") for row in rows)
+    for metric in EVERY_POLICY_GRADIENT | specific:  # numbers, in the range they can take, not only a column
+        values = [float(row[metric]) for row in rows if row.get(metric) not in (None, "", "nan")]
+        assert values and all(math.isfinite(v) for v in values), (metric, values[:5])
+        low, high = RANGES.get(metric, (-math.inf, math.inf))
+        assert all(low <= v <= high for v in values), (metric, values[:5])
 
 
 def test_csv_widens_when_a_metric_first_appears_late(tmp_path):

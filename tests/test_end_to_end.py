@@ -18,7 +18,7 @@ from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import shm_root
 from tianji.tools.train import train
 
-from conftest import alive, child_pids, newest_set, wait_for
+from conftest import alive, assert_lag_bounded, child_pids, newest_set, wait_for
 
 SUMMARY_KEYS = {
     "target_reached",
@@ -55,7 +55,7 @@ def test_short_run_writes_the_run_directory(launcher, tiny_config, tmp_path):
     run_dir, summary = train(cfg, launcher, run_dir=str(tmp_path / launcher))
     summary = check_run_dir(run_dir, 4096)
     assert summary["stop_reason"] == "max_env_steps"
-    assert summary["policy_lag_max"] <= cfg.balance.max_policy_lag
+    assert_lag_bounded(summary, cfg.balance.max_policy_lag)
     assert not set(shm_root().glob("tianji-*")) - before, "shared memory must be removed"
 
 
@@ -274,13 +274,8 @@ def test_inline_and_local_run_the_same_balance_logic(algo, balance, tmp_path):
     }
     bound = balance["max_policy_lag"]
     for launcher, summary in summaries.items():
-        lags = {int(lag) for lag in summary["policy_lag_histogram"]}
-        assert summary["fragments_trained"] > 0, launcher
-        assert max(lags) <= bound and summary["policy_lag_max"] <= bound, (launcher, summary["policy_lag_histogram"])
-        if "replay_ratio" in balance:  # updates per fragment vary with the limiter: credits predict them roughly
-            assert summary["dropped_fraction"] <= 0.05, (launcher, summary["dropped_lag_histogram"])
-        else:
-            assert summary["fragments_dropped"] == 0, launcher
+        # updates per fragment vary with the rate limiter: there the credits predict them roughly
+        assert_lag_bounded(summary, bound, 0.05 if "replay_ratio" in balance else 0.0)
         assert summary["fragments_trained"] <= summary["credits_granted"], launcher  # only granted slots are filled
         if "replay_ratio" in balance:
             assert abs(summary["replay_ratio"] / balance["replay_ratio"] - 1) < 0.25, (

@@ -82,3 +82,29 @@ def test_eval_video_of_an_atari_run_shows_the_games_screen_in_colour(tmp_path):
     agent_frames = imageio.mimread(tmp_path / "agent.gif")
     assert agent_frames[0].shape[:2] == (4 * 42 - (4 * 42) % 2, 4 * 42 - (4 * 42) % 2)
     assert agent["returns"] == screen["returns"]  # the same greedy games either way
+
+
+def test_eval_plays_with_the_checkpoints_own_weights(tiny_config, tmp_path, monkeypatch):
+    """The policy that plays is the checkpoint's: every weight equal to the newest set's learner.pt (and not
+    to a policy made fresh, which a loader that loaded nothing would leave in place)."""
+    import torch
+
+    import tianji.tools.evaluate as evaluate_module
+
+    from conftest import newest_set
+
+    run_dir, _ = train(tiny_config(max_env_steps=2048), "inline", run_dir=str(tmp_path / "run"))
+    saved = torch.load(newest_set(run_dir) / "learner.pt", weights_only=True)["algo"]["net"]
+    played = {}
+    real = evaluate_module.play_greedy
+
+    def spy(envs, policy, seed, on_step=None):
+        played.update({k: v.clone() for k, v in policy.net.state_dict().items()})
+        return real(envs, policy, seed, on_step)
+
+    monkeypatch.setattr(evaluate_module, "play_greedy", spy)
+    evaluate_run(run_dir, episodes=2)
+    assert played.keys() == saved.keys()
+    assert all(torch.equal(played[k], saved[k]) for k in saved)
+    untrained = torch.load(newest_set(run_dir) / "learner.pt", weights_only=True)["version"]
+    assert untrained > 0  # the weights compared were trained, not the initial ones

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tianji.runtime.process.host import HostError, NodeHost, Zygote
+from tianji.runtime.process.life import _pid_alive
 
 
 def wait_exit(host: NodeHost, name: str, timeout_s: float = 20.0) -> int | None:
@@ -23,6 +24,16 @@ def wait_exit(host: NodeHost, name: str, timeout_s: float = 20.0) -> int | None:
             return code
         time.sleep(0.05)
     return None
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """Whether `pid` has exited within `timeout_s` (a zombie its parent has not reaped yet counts as exited)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @pytest.fixture
@@ -40,12 +51,15 @@ def test_roles_start_by_name_and_report_how_they_ended(host):
     assert host.exitcodes()["actor0"] == (sleeper, None)  # still running
     host.kill("actor0")
     assert "actor0" not in host.exitcodes()  # a killed role is no longer the host's
+    assert gone(sleeper), "the killed role's process still runs"
 
 
 def test_starting_a_role_again_replaces_its_process(host):
     first = host.start("learner0", "time:sleep", 30)
     second = host.start("learner0", "time:sleep", 30)
     assert first != second and host.exitcodes()["learner0"] == (second, None)
+    assert gone(first), "the replaced process still runs"
+    assert not gone(second)
 
 
 def test_an_attachment_reaches_the_role_as_a_file(capfd):
