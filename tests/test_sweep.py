@@ -23,6 +23,8 @@ from tianji.tools.sweep.space import check_space, override, parse_param, parse_s
 from tianji.tools.sweep.study import Sweep, SweepConsole, SweepSettings, core_slots, create_sweep
 from tianji.tools.sweep.trial import TrialProcess, train_command
 
+from conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -238,6 +240,7 @@ FAKE_TRAIN = textwrap.dedent("""
             break
     os.makedirs(os.path.dirname(state_path), exist_ok=True)
     json.dump({"t": t}, open(state_path, "w"))
+    open(os.path.join(run_dir, "checkpoints", "learner.pt"), "wb").write(b"fake")  # a checkpoint to resume from
     json.dump({"target_reached": reached is not None, "time_to_target_s": reached, "final_return_mean100": value,
                "env_steps": 1000 * t, "wall_time_s": t, "stop_reason": reason},
               open(os.path.join(run_dir, "summary.json"), "w"))
@@ -413,3 +416,64 @@ def test_a_sweep_resumed_where_its_trials_cores_do_not_exist_pins_them_to_cores_
     slots = Sweep(sweep_dir, quiet()).settings.cores_per_trial
     here = os.sched_getaffinity(0)
     assert all(set(slot) <= here for slot in slots) and slots == core_slots(2, sorted(here))
+
+
+@pytest.mark.slow
+def test_sweep_resume_through_the_command_line_continues_the_interrupted_trial_only(tmp_path):
+    """`tianji sweep` interrupted (SIGINT) while its second trial trains, then `tianji sweep --resume DIR`: the
+    interrupted trial runs again with `tianji train --resume` in its own directory, the finished one does not
+    run again, and the sweep ends with every trial done."""
+    sweep_dir = tmp_path / "sweep"
+    base = [sys.executable, "-m", "tianji", "sweep"]
+    first = subprocess.Popen(
+        [
+            *base,
+            "cartpole-ppo",
+            "--param",
+            "algo.lr=loguniform:5e-4:1e-3",
+            "--trials",
+            "2",
+            "--pruner",
+            "none",
+            "--sweep-dir",
+            str(sweep_dir),
+            "--set",
+            "stop.target_return=null",
+            "--trial-seconds",
+            "12",
+            "--report-every",
+            "2s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    second_trial = sweep_dir / "trials" / "0001"
+    try:
+        assert wait_for(
+            lambda: (
+                (second_trial / "metrics.csv").exists()
+                and len((second_trial / "metrics.csv").read_text().splitlines()) > 3
+            ),
+            120,
+        ), "the second trial did not start"
+        os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the sweep's process group
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, output
+    finished = sweep_dir / "trials" / "0000"
+    finished_rows = (finished / "metrics.csv").read_text()
+    assert json.loads((second_trial / "summary.json").read_text())["stop_reason"] == "interrupted"
+
+    resumed = subprocess.run([*base, "--resume", str(sweep_dir)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert list(second_trial.glob("meta-resume-*.json")), "the interrupted trial was not resumed in its directory"
+    meta = json.loads(next(second_trial.glob("meta-resume-*.json")).read_text())
+    assert "--resume" in meta["argv"] and str(second_trial) in " ".join(meta["argv"])
+    assert not list(finished.glob("meta-resume-*.json")) and (finished / "metrics.csv").read_text() == finished_rows
+    assert not (sweep_dir / "trials" / "0002").exists() or not list((sweep_dir / "trials" / "0002").glob("*.csv")), (
+        "the resumed trial went on in its own directory, not a new one"
+    )

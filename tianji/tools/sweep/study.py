@@ -28,6 +28,7 @@ import yaml
 from optuna.storages.journal import JournalFileBackend
 
 from tianji.config import apply_overrides, build_config, load_raw, to_yaml
+from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets
 from tianji.sections import ConfigError
 from tianji.tools.plan import resolve_layout
 from tianji.tools.sweep.objective import Objective
@@ -277,7 +278,7 @@ class Sweep:
             if (stale or t.user_attrs.get("interrupted")) and t.number not in retried:
                 run_dir = t.user_attrs.get("run_dir", f"trials/{t.number:04d}")
                 attrs: dict[str, Any] = {"retry_of": t.number, "retry_reason": "stale" if stale else "interrupted"}
-                if (self.dir / run_dir / "checkpoints" / "driver.json").is_file():
+                if has_checkpoint(self.dir / run_dir):
                     attrs["continue_run"] = run_dir
                 self.study.enqueue_trial(t.params, user_attrs=attrs)
                 queued += 1
@@ -529,3 +530,11 @@ class SweepConsole:
             self._width = 0
         self.stream.write(line + "\n")
         self.stream.flush()
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a trial's run can go on from a checkpoint (`tianji train --resume`): a set that verifies."""
+    try:
+        return CheckpointSets(run_dir / "checkpoints").find_good() is not None
+    except CheckpointError:  # sets, none good: the trial starts over
+        return False
