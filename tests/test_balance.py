@@ -311,3 +311,16 @@ def test_the_planners_lag_model_keeps_as_many_fragments_in_flight_as_the_ledger(
         for actors, slots in ((1, 32), (2, 16), (4, 8), (8, 4), (2, 1), (3, 1)):
             mean = ledger_mean_in_flight(bound, vpf, actors, slots)
             assert int(mean) == min(lag_aware_in_flight(bound, vpf), actors * slots), (bound, actors, slots, mean)
+
+
+def test_a_resync_after_a_cut_link_voids_the_actors_unarrived_grants_and_counts_what_was_lost():
+    ledger = CreditLedger(max_policy_lag=8)
+    ledger.register(0, b"a", slots=4)
+    granted = [slot for _, slot, _ in ledger.grant(version=0, versions_per_fragment=1.0)]
+    assert granted == [0, 1, 2, 3]
+    assert ledger.arrived(b"a", 0)  # slot 0's fragment made it before the cut; slots 1 and 2 were sent, 3 not
+    ledger.resync(b"a", sent={1, 2})
+    assert (ledger.resyncs, ledger.fragments_lost, ledger.credits_voided) == (1, 2, 1)
+    assert ledger.in_flight() == 1  # only the fragment that arrived is still the learner's to train
+    assert [slot for _, slot, _ in ledger.grant(version=0, versions_per_fragment=1.0)] == [1, 2, 3]
+    assert not ledger.arrived(b"a", 5) and ledger.arrived(b"a", 1)  # grants anew, read as usual

@@ -61,8 +61,8 @@ def lag_summary(histogram: Counter[int]) -> dict[str, float]:
 class _ActorSlots:
     identity: Hashable
     held: deque[int]  # slots the learner holds: free, not granted yet
-    floors: dict[object, int] = field(default_factory=dict)  # granted slot -> min_version: starts from no older
-    arrived: set[object] = field(default_factory=set)  # granted slots whose notice is waiting at the learner
+    floors: dict[int, int] = field(default_factory=dict)  # granted slot -> min_version: starts from no older
+    arrived: set[int] = field(default_factory=set)  # granted slots whose notice is waiting at the learner
     last_grant: int = -1
 
 
@@ -94,6 +94,9 @@ class CreditLedger:
         self.actors: dict[int, _ActorSlots] = {}
         self._by_identity: dict[Hashable, _ActorSlots] = {}
         self.granted = 0  # grants made, cumulative
+        self.resyncs = 0  # links that came back after a cut and said what they hold (cumulative)
+        self.fragments_lost = 0  # fragments sent on a link that was cut and never arrived
+        self.credits_voided = 0  # grants an actor never held or used because its link was cut
 
     def register(self, actor_id: int, identity: Hashable, slots: int) -> None:
         """An actor said hello: the learner holds all its slots. A restarted actor (same id, new
@@ -104,6 +107,24 @@ class CreditLedger:
         if old is not None:
             del self._by_identity[old.identity]
         self.actors[actor_id] = self._by_identity[identity] = _ActorSlots(identity, deque(range(slots)))
+
+    def resync(self, identity: Hashable, sent: set[int]) -> None:
+        """A link came back after a cut: its actor sent the fragments in `sent`, which no credit has answered
+        (and drops the credits it holds). Every grant of the actor whose fragment has not arrived is voided
+        and its slot is the learner's again (ZeroMQ delivers in order, so what was sent before this hello and
+        has not arrived never will): those named in `sent` are fragments lost on the way, the rest credits
+        the actor never got or gave up. The actor counts its credits void too, until the reply."""
+        actor = self._by_identity.get(identity)
+        if actor is None:
+            return
+        self.resyncs += 1
+        for slot in [s for s in actor.floors if s not in actor.arrived]:
+            if slot in sent:
+                self.fragments_lost += 1
+            else:
+                self.credits_voided += 1
+            del actor.floors[slot]
+            actor.held.append(slot)
 
     def in_flight(self) -> int:
         return sum(len(a.floors) for a in self.actors.values())
@@ -116,7 +137,7 @@ class CreditLedger:
         """A fragment notice came. True when `slot` was granted to this sender and not noticed yet;
         False: not ours to read (unknown or replaced actor, a slot never granted, a repeat)."""
         actor = self._granted(identity, slot)
-        if actor is None or slot in actor.arrived:
+        if actor is None or not isinstance(slot, int) or slot in actor.arrived:
             return False
         actor.arrived.add(slot)
         return True

@@ -286,6 +286,9 @@ class Monitor:
             "stale_notices": int(self.totals["stale_notices"]),
             "refused_peers": int(self.totals["refused_peers"]),
             "fragments_over_network": int(self.totals["fragments_in_frames"]),  # the rest came through shared memory
+            "link_resyncs": int(self.totals["link_resyncs"]),  # links that came back after a cut
+            "fragments_lost": int(self.totals["fragments_lost"]),  # sent on a cut link, never arrived
+            "credits_voided": int(self.totals["credits_voided"]),
             "role_restarts": int(self.totals["role_restarts"]),
             "checkpoint_write_failures": int(self.totals["checkpoint_write_failures"]),  # a full disk, say
             "metrics_write_failures": int(self.totals["metrics_write_failures"]),

@@ -4,6 +4,8 @@ The message table is in tianji.runtime.transport.sockets."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from collections import deque
 from dataclasses import replace
@@ -12,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from tianji.runtime.shared.logs import log_rejected
 from tianji.runtime.transport.shm import SlotWriter
@@ -72,20 +75,54 @@ class LearnerLink:
 
     The reply to a hello names the learner's epoch; a new epoch means a restarted learner, which
     owns every slot again and grants them anew, so the credits held for the old one are dropped.
+
+    A cut link (a TCP connection to a learner on another machine) heals itself: ZeroMQ reconnects, the
+    link keeps its identity (the learner's ROUTER hands it over), and on reconnecting the link says hello
+    again with the credits it still holds and the fragments it sent that no credit has answered yet
+    (`resync`). The learner voids every other grant of this actor and counts the fragments that were lost
+    on the way; until its reply the link ignores credits, which may predate the resync.
     """
 
     def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any], learner_rank: int = 0):
         self.endpoints = endpoints
         self.learner_rank = learner_rank
-        self.link = socket(ctx, zmq.DEALER, endpoints.fragments, keys=endpoints.keys)
+        identity = f"{role}-{os.getpid()}-{secrets.token_hex(4)}".encode()  # one per process: a restart is new
+        self.link = socket(ctx, zmq.DEALER, endpoints.fragments, keys=endpoints.keys, identity=identity)
         self.weights = socket(ctx, zmq.SUB, endpoints.weights, keys=endpoints.keys)
+        self.monitor = self.link.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.role = role
         self.hello = hello
         self.epoch = -1  # none yet: no weights
         self.credits: deque[tuple[int, int]] = deque()  # (slot, min_version)
+        self.sent: set[int] = set()  # slots whose fragment went out and whose credit has not come back
         self.bad_messages = 0
+        self.resyncs = 0
+        self._link_down = False
+        self._resyncing = False
         self._waiting_since: float | None = None
         self.link.send(pack_header(hello))
+
+    def sent_fragment(self, slot: int) -> None:
+        """A fragment went out in `slot`: until its credit comes back it is in flight."""
+        self.sent.add(slot)
+
+    def check_link(self) -> None:
+        """Follow the link's connection events; after a reconnect, say hello again with what this side holds."""
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._link_down = True
+            elif event == zmq.EVENT_CONNECTED and self._link_down:
+                self._link_down = False
+                self._resync()
+
+    def _resync(self) -> None:
+        held = [slot for slot, _ in self.credits]
+        self.link.send(pack_header({**self.hello, "resync": {"credits": held, "sent": sorted(self.sent)}}))
+        self.credits.clear()  # granted anew in the reply's wake; credits that cross it are void
+        self.sent.clear()
+        self._resyncing = True
+        self.resyncs += 1
 
     @property
     def has_weights(self) -> bool:
@@ -175,10 +212,13 @@ class LearnerLink:
             if new_epoch:
                 self.epoch = header["epoch"]
                 self.credits.clear()
+            if header.get("resync"):
+                self._resyncing = False
             taker.set_weights(header["version"], arrays, force=new_epoch)
             self._waiting_since = None
-        elif header["kind"] == "credit" and header["epoch"] == self.epoch:
+        elif header["kind"] == "credit" and header["epoch"] == self.epoch and not self._resyncing:
             self.credits.append((header["slot"], header["min_version"]))
+            self.sent.discard(header["slot"])
 
     def newest_weights(self, taker: WeightsTaker) -> None:
         message = self._checked(newest(self.weights))

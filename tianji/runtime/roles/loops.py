@@ -143,10 +143,10 @@ def actor_loop(
     if not same_machine:
         _report_link(name, learner.measure(actor), events)
     idle = zmq.Poller()  # waiting for a credit: wake for the learner and the driver, not for every publish
-    for sock in (learner.link, driver.sock):
+    for sock in (learner.link, driver.sock, learner.monitor):
         idle.register(sock, zmq.POLLIN)
     stale = zmq.Poller()  # holding a credit that asks for newer weights: wake for a publish too
-    for sock in (learner.link, driver.sock, learner.weights):
+    for sock in (learner.link, driver.sock, learner.weights, learner.monitor):
         stale.register(sock, zmq.POLLIN)
 
     def can_start() -> bool:
@@ -167,6 +167,7 @@ def actor_loop(
                 reporter.wait_s += time.perf_counter() - started
             if _orders(driver, learner):
                 break
+            learner.check_link()  # a link that came back after a cut says hello again
             learner.receive(actor)
             if can_start():
                 slot, _ = learner.credits.popleft()
@@ -184,6 +185,7 @@ def actor_loop(
                         "epoch": learner.epoch,
                     },
                 )
+                learner.sent_fragment(slot)
             if time.time() - last_event >= EVENT_INTERVAL_S:
                 reporter.bad_messages = learner.bad_messages
                 events.send(pack_header(reporter.event()))
@@ -348,13 +350,15 @@ def learner_loop(
     reporter = service.reporter
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
 
-    def weights_message(version: int, weights: Any) -> list[Any]:
-        return encode({"kind": "weights", "version": version, "epoch": epoch}, weights)
+    def weights_message(version: int, weights: Any, resync: bool = False) -> list[Any]:
+        header = {"kind": "weights", "version": version, "epoch": epoch, **({"resync": True} if resync else {})}
+        return encode(header, weights)
 
     def handle(identity: bytes, frames: list[Any]) -> None:
         header = unpack_header(frames[0])
         if header["kind"] == "hello":
-            router.send_multipart([identity, *weights_message(*service.hello(identity, header))])
+            reply = weights_message(*service.hello(identity, header), resync="resync" in header)
+            router.send_multipart([identity, *reply])
         elif header["kind"] == "probe":  # an actor on another machine times its link: echo it now
             if not isinstance(header.get("n"), int):
                 raise WireError("probe without an int 'n'")

@@ -65,6 +65,9 @@ class LearnerReporter:
             "refused_peers": self.refused_peers,
             "fragments_in_frames": self.fragments_in_frames,
             "credits_granted": self.credits.granted if self.credits is not None else 0,
+            "link_resyncs": self.credits.resyncs if self.credits is not None else 0,
+            "fragments_lost": self.credits.fragments_lost if self.credits is not None else 0,
+            "credits_voided": self.credits.credits_voided if self.credits is not None else 0,
             "insert_blocked_s": lr.limiter.blocked_s["insert"],
             "sample_blocked_s": lr.limiter.blocked_s["sample"],
         }

@@ -68,6 +68,8 @@ class LearnerService(Generic[PeerT]):
         if "actor" in header:  # the evaluator says hello too, but fills no slots
             actor_id, slots = slots_announced(header, self.default_slots)
             self.credits.register(actor_id, peer, slots)
+            if "resync" in header:  # its link came back after a cut
+                self.credits.resync(peer, resync_announced(header))
         return self.published, self.published_weights
 
     def notice(self, peer: PeerT, header: dict[str, Any]) -> bool:
@@ -147,6 +149,15 @@ class LearnerService(Generic[PeerT]):
             return False
         setattr(self, last, now)
         return True
+
+
+def resync_announced(header: dict[str, Any]) -> set[int]:
+    """The slots of the fragments an actor sent that no credit has answered, from its resync hello."""
+    resync = header["resync"]
+    sent = resync.get("sent") if isinstance(resync, dict) else None
+    if not (isinstance(sent, list) and all(isinstance(s, int) for s in sent)):
+        raise WireError(f"hello: 'resync' must map 'sent' to slot numbers, got {resync!r}")
+    return set(sent)
 
 
 def slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:

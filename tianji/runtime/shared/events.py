@@ -37,6 +37,9 @@ class LearnerCounters(TypedDict):
     stale_notices: int  # from an earlier learner incarnation or a replaced actor: ignored
     refused_peers: int  # TCP handshakes refused: peers without the run's key
     fragments_in_frames: int  # arrays that came over the network rather than through shared memory
+    link_resyncs: int  # links that came back after a cut (each says hello again with what it holds)
+    fragments_lost: int  # sent on a link that was cut, never arrived
+    credits_voided: int  # grants voided by a resync
     credits_granted: int
     insert_blocked_s: float  # the rate limiter held the actors back
     sample_blocked_s: float  # the rate limiter held the learner back

@@ -68,17 +68,37 @@ class Endpoints:
         )
 
 
-def socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool = False, keys: CurveKeys | None = None) -> zmq.Socket:
-    """A socket bound or connected to `endpoint`; every TCP one is CURVE-secured with the run's keys.
-    Binding to port `*` picks a free port: `sock.last_endpoint` says which."""
+HEARTBEAT_IVL_MS = 1000  # a TCP link's ZMTP heartbeat: a link cut without a word (a dead switch, a
+HEARTBEAT_TIMEOUT_MS = 4000  # blackholed route) is noticed and reconnected within a few seconds
+
+
+def socket(
+    ctx: zmq.Context,
+    kind: int,
+    endpoint: str,
+    bind: bool = False,
+    keys: CurveKeys | None = None,
+    identity: bytes | None = None,
+) -> zmq.Socket:
+    """A socket bound or connected to `endpoint`; every TCP one is CURVE-secured with the run's keys and
+    sends heartbeats, so a dead link is noticed and reconnected. Binding to port `*` picks a free port:
+    `sock.last_endpoint` says which. `identity`: a connecting socket's routing id, kept across reconnects
+    (a ROUTER with handover then knows the peer again after a cut link)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 1000)  # never hang on exit if the peer is gone
     if kind == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a peer that reconnects with its identity takes it over
+    if identity is not None:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
     if endpoint.startswith("tcp://"):
         if keys is None:
             raise ValueError(f"{endpoint}: TCP sockets need the run's CURVE keys")
         (serve if bind else join)(sock, keys)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
     (sock.bind if bind else sock.connect)(endpoint)
     return sock
 
