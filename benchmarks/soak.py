@@ -2,9 +2,12 @@
 run's shared-memory files each minute; reports growth after a warm-up.
 
     python benchmarks/soak.py [--minutes 30] [--warmup 5] [--preset cartpole-ppo] [--set key=value ...]
+                              [--run-dir DIR] [--out benchmarks/results/soak-pong]
 
-Goals: resident memory of every role grows < 10 % between the end of the warm-up and the end;
-open file descriptors and /dev/shm usage do not grow. Role restarts are followed (roles.json).
+Goals: resident memory of every role grows < --max-growth (5 %) between the end of the warm-up and the
+end; open file descriptors and /dev/shm usage do not grow. Role restarts are followed (roles.json). The run
+trains with no target, so it lasts the whole soak; `--run-dir` keeps it (its learning curve is an ordinary
+run's). `--out` writes the samples and the growth as JSON and a table as Markdown.
 """
 
 from __future__ import annotations
@@ -85,10 +88,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--preset", default="cartpole-ppo")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--out", help="write the samples and the growth as JSON")
+    parser.add_argument("--out", help="write the samples and the growth: OUT.json and OUT.md")
+    parser.add_argument("--run-dir", help="keep the run here (default: a temporary folder)")
+    parser.add_argument("--max-growth", type=float, default=0.05, help="goal: each role's RSS grows less than this")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "soak"
+        run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "soak"
         command = [
             sys.executable,
             "-m",
@@ -136,8 +141,55 @@ def main() -> None:
         print(f"  {name:<10} rss {g:+7.1%}  fds {result['fd_growth'].get(name, 0):+d}")
     print(f"  shm files {result['shm_files_growth']:+d}, shm MB {result['shm_mb_growth']:+.1f}")
     worst = max(result["rss_growth"].values(), default=0.0)
-    ok = worst < 0.10 and not any(result["fd_growth"].values()) and result["shm_files_growth"] <= 0
-    print(f"goal (rss < +10 %, no fd or shm growth): {'met' if ok else 'NOT met'}")
+    ok = worst < args.max_growth and not any(result["fd_growth"].values()) and result["shm_files_growth"] <= 0
+    print(f"goal (rss < +{args.max_growth:.0%}, no fd or shm growth): {'met' if ok else 'NOT met'}")
+    if args.out:
+        write_results(Path(args.out), args, samples, result, summary, ok)
+
+
+def write_results(
+    out: Path, args: argparse.Namespace, samples: list[dict], result: dict, last_row: dict, ok: bool
+) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "minutes": args.minutes,
+                "overrides": args.overrides,
+                "samples": samples,
+                "growth": result,
+                "goal_met": ok,
+            },
+            indent=1,
+        )
+    )
+    roles = list(samples[-1]["rss_mb"])
+    lines = [
+        f"# Soak: `{args.preset}` for {args.minutes:.0f} minutes ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Env steps {last_row['env_steps']:,}, policy version {last_row['balance/policy_version']}. "
+        f"Growth from minute {result['from_minute']:.1f} to {result['to_minute']:.1f}: "
+        + ", ".join(f"{n} RSS {g:+.1%}" for n, g in result["rss_growth"].items())
+        + f"; file descriptors {result['fd_growth']}; shared memory files {result['shm_files_growth']:+d}. "
+        f"Goal (RSS < +{args.max_growth:.0%}, no fd or shm growth): {'met' if ok else 'NOT met'}.",
+        "",
+        "| minute | "
+        + " | ".join(f"{n} RSS MB" for n in roles)
+        + " | "
+        + " | ".join(f"{n} fds" for n in roles)
+        + " | shm files | shm MB |",
+        "|" + "---|" * (2 * len(roles) + 3),
+    ]
+    for s in samples:
+        lines.append(
+            f"| {s['minute']:.1f} | "
+            + " | ".join(f"{s['rss_mb'].get(n) or 0:.0f}" for n in roles)
+            + " | "
+            + " | ".join(str(s["fds"].get(n)) for n in roles)
+            + f" | {s['shm_files']} | {s['shm_mb']:.1f} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if args.out:
         Path(args.out).write_text(json.dumps({"samples": samples, "growth": result}, indent=1))
 
