@@ -222,3 +222,20 @@ def test_pongs_ball_keeps_its_contrast_when_pooled_not_resized():
     resized = brightest_in_play(EnvConfig(id="ALE/Pong-v5", kwargs={"img_height": 42, "img_width": 42}))
     pooled = brightest_in_play(EnvConfig(id="ALE/Pong-v5", crop=(14, 78, 0, 84), pool=2))
     assert np.median(pooled) > 1.5 * np.median(resized), (np.median(pooled), np.median(resized))
+
+
+def test_a_trunk_of_its_own_convolutions_reads_every_pixel_and_trains():
+    """algo.conv / algo.conv_features: the trunk the config names, padded so that no pixel is lost."""
+    obs = gym.spaces.Box(0, 255, (4, 42, 42), np.uint8)
+    conv = [(16, 4, 2), (32, 4, 2), (32, 3, 1)]
+    net = PolicyValueNet(obs, gym.spaces.Discrete(6), [], "cnn", "orthogonal", conv, 128)
+    layers = [m for m in net.body.conv if isinstance(m, torch.nn.Conv2d)]
+    assert [(m.out_channels, m.kernel_size[0], m.stride[0]) for m in layers] == conv
+    assert net.body.fc[0].out_features == 128 and net.pi.in_features == 128
+    assert pixels_seen(42 + net.body.padding[1], tuple(conv)) >= 42
+    logits, value = net(torch.randint(0, 255, (3, 4, 42, 42), dtype=torch.uint8))
+    assert logits.shape == (3, 6) and value.shape == (3,)
+    cfg = build_config(
+        {"env": {"id": "ALE/Pong-v5"}, "algo": {"name": "ppo", "conv": [[16, 4, 2]], "conv_features": 64}}
+    )
+    assert cfg.algo.conv == [(16, 4, 2)] and cfg.algo.conv_features == 64

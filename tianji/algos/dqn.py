@@ -31,7 +31,14 @@ from tianji.algos.common.networks import make_trunk, shape_of
 from tianji.algos.common.optim import GradientStep
 from tianji.algos.common.replay import PrioritizedReplay
 from tianji.algos.common.returns import nstep_transitions
-from tianji.algos.common.settings import MODEL_DESCRIPTION, ModelName, TrainedConfig
+from tianji.algos.common.settings import (
+    MODEL_DESCRIPTION,
+    ConvLayers,
+    ModelName,
+    TrainedConfig,
+    conv_features_field,
+    conv_field,
+)
 
 # ------------------------------------------------------------------ pure math
 
@@ -49,6 +56,8 @@ class DQNConfig(TrainedConfig):
     dueling: bool = Field(True, description="Dueling value/advantage heads.")
     hidden: list[int] = Field(default_factory=lambda: [128, 128], description="Hidden layer sizes of the Q-network.")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    conv: ConvLayers | None = conv_field()
+    conv_features: int | None = conv_features_field()
     batch_size: int = Field(128, ge=1, description="Transitions per gradient step.")
     buffer_capacity: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
     learning_starts: int = Field(1_000, ge=0, description="Transitions in replay before training starts.")
@@ -120,13 +129,22 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
 
 
 class QNetwork(nn.Module):
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], dueling: bool, model: str):
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        act_space: gym.Space,
+        hidden: list[int],
+        dueling: bool,
+        model: str,
+        conv: list[tuple[int, int, int]] | None = None,
+        conv_features: int | None = None,
+    ):
         super().__init__()
         check_spaces(obs_space, act_space)
         assert isinstance(act_space, gym.spaces.Discrete)
         n_actions = int(act_space.n)
         self.dueling = dueling
-        self.trunk, width = make_trunk(obs_space, hidden, model, nn.ReLU)
+        self.trunk, width = make_trunk(obs_space, hidden, model, nn.ReLU, conv, conv_features)
         self.advantage = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1) if dueling else None
 
@@ -139,7 +157,7 @@ class QNetwork(nn.Module):
 
 
 def _make_net(cfg: DQNConfig, obs_space: gym.Space, act_space: gym.Space) -> QNetwork:
-    return QNetwork(obs_space, act_space, cfg.hidden, cfg.dueling, cfg.model)
+    return QNetwork(obs_space, act_space, cfg.hidden, cfg.dueling, cfg.model, cfg.conv, cfg.conv_features)
 
 
 # ------------------------------------------------------------------ actor side

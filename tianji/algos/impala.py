@@ -31,7 +31,15 @@ from tianji.algos.common.batches import minibatch_steps, time_major
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import vtrace
-from tianji.algos.common.settings import INIT_DESCRIPTION, MODEL_DESCRIPTION, ModelName, TrainedConfig
+from tianji.algos.common.settings import (
+    INIT_DESCRIPTION,
+    MODEL_DESCRIPTION,
+    ConvLayers,
+    ModelName,
+    TrainedConfig,
+    conv_features_field,
+    conv_field,
+)
 from tianji.algos.ppo import PPOPolicy, check_spaces
 
 
@@ -49,6 +57,8 @@ class VTraceConfig(TrainedConfig):
         default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
     )
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    conv: ConvLayers | None = conv_field()
+    conv_features: int | None = conv_features_field()
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
@@ -103,7 +113,7 @@ def impala_loss(
 
 def make_net(cfg: VTraceConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
     check_spaces(obs_space, act_space)
-    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init)
+    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init, cfg.conv, cfg.conv_features)
 
 
 class IMPALAPolicy(PPOPolicy):

@@ -44,10 +44,13 @@ from tianji.algos.common.returns import compute_gae
 from tianji.algos.common.settings import (
     INIT_DESCRIPTION,
     MODEL_DESCRIPTION,
+    ConvLayers,
     ModelName,
     OptimizerConfig,
     TrainedConfig,
     adam_eps,
+    conv_features_field,
+    conv_field,
 )
 
 # ------------------------------------------------------------------ pure math
@@ -106,6 +109,8 @@ class PPOConfig(SurrogateConfig):
     name: Literal["ppo"] = Field("ppo", description="Algorithm: proximal policy optimisation (on-policy).")
     lr: float = Field(3e-4, gt=0, description="Learning rate (the start of a schedule).")
     model: ModelName = Field("auto", description=MODEL_DESCRIPTION)
+    conv: ConvLayers | None = conv_field()
+    conv_features: int | None = conv_features_field()
     init: Literal["default", "orthogonal"] = Field("default", description=INIT_DESCRIPTION)
 
 
@@ -183,7 +188,7 @@ def check_spaces(obs_space: gym.Space, act_space: gym.Space) -> None:
 
 def make_net(cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space) -> PolicyValueNet:
     check_spaces(obs_space, act_space)
-    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init)
+    return PolicyValueNet(obs_space, act_space, cfg.hidden, cfg.model, cfg.init, cfg.conv, cfg.conv_features)
 
 
 # ------------------------------------------------------------------ actor side

@@ -91,13 +91,20 @@ class NatureCNN(nn.Module):
     Frames whose size the strides do not fit (any size but 4 mod 8: 42, 40) are zero-padded at the
     bottom and right, so that no pixel is lost."""
 
-    def __init__(self, obs_space: gym.Space, small: bool = False):
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        small: bool = False,
+        convs: tuple[tuple[int, int, int], ...] | None = None,
+        features: int | None = None,
+    ):
         super().__init__()
         shape = shape_of(obs_space)
         self.channels_last = shape[-1] < shape[0]  # (84, 84, 4) rather than (4, 84, 84)
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         self.scale = _scale(obs_space)
-        convs = SMALL_CONVS if small else NATURE_CONVS
+        convs = convs or (SMALL_CONVS if small else NATURE_CONVS)
+        self.features = features or (SMALL_CNN_FEATURES if small else CNN_FEATURES)
         self.padding = (0, padding_to_see_all(width, convs), 0, padding_to_see_all(height, convs))
         layers: list[nn.Module] = []
         for out_channels, kernel, stride in convs:
@@ -106,7 +113,7 @@ class NatureCNN(nn.Module):
         self.conv = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             flat = self.conv(self._frames(torch.zeros(1, *shape))).shape[1]
-        self.fc = nn.Sequential(nn.Linear(flat, SMALL_CNN_FEATURES if small else CNN_FEATURES), nn.ReLU())
+        self.fc = nn.Sequential(nn.Linear(flat, self.features), nn.ReLU())
 
     def _frames(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2) if self.channels_last else obs
@@ -118,13 +125,20 @@ class NatureCNN(nn.Module):
 
 
 def make_trunk(
-    obs_space: gym.Space, hidden: list[int], model: str, activation: type[nn.Module] = nn.ReLU
+    obs_space: gym.Space,
+    hidden: list[int],
+    model: str,
+    activation: type[nn.Module] = nn.ReLU,
+    conv: list[tuple[int, int, int]] | None = None,
+    conv_features: int | None = None,
 ) -> tuple[nn.Module, int]:
-    """A feature extractor and its width: the Nature CNN, or an MLP of `hidden` layers."""
+    """A feature extractor and its width: a CNN (the Nature CNN's, the shallow one's or `conv`'s layers), or an
+    MLP of `hidden` layers."""
     chosen = choose_model(obs_space, model)
     if chosen in IMAGE_MODELS:
-        small = chosen == "cnn_small"
-        return NatureCNN(obs_space, small), SMALL_CNN_FEATURES if small else CNN_FEATURES
+        convs = tuple(tuple(layer) for layer in conv) if conv else None
+        cnn = NatureCNN(obs_space, chosen == "cnn_small", convs, conv_features)  # type: ignore[arg-type]
+        return cnn, cnn.features
     flat = int(np.prod(shape_of(obs_space)))
     if not hidden:
         return Flatten(obs_space), flat
@@ -154,7 +168,14 @@ class PolicyValueNet(nn.Module):
     MLP: separate policy and value MLPs (`pi`, `v`); CNN: one shared trunk (`body`) and two heads."""
 
     def __init__(
-        self, obs_space: gym.Space, act_space: gym.Space, hidden: list[int], model: str = "auto", init: str = "default"
+        self,
+        obs_space: gym.Space,
+        act_space: gym.Space,
+        hidden: list[int],
+        model: str = "auto",
+        init: str = "default",
+        conv: list[tuple[int, int, int]] | None = None,
+        conv_features: int | None = None,
     ):
         super().__init__()
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
@@ -163,7 +184,7 @@ class PolicyValueNet(nn.Module):
             self.log_std = nn.Parameter(torch.zeros(out_dim))
         self.shared = choose_model(obs_space, model) in IMAGE_MODELS
         if self.shared:
-            self.body, width = make_trunk(obs_space, hidden, model)
+            self.body, width = make_trunk(obs_space, hidden, model, nn.ReLU, conv, conv_features)
             self.pi: nn.Module = nn.Linear(width, out_dim)
             self.v: nn.Module = nn.Linear(width, 1)
         else:

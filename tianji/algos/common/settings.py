@@ -65,3 +65,20 @@ INIT_DESCRIPTION = (
     "Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
     "head; the reference implementations' choice), or default (PyTorch's, last policy layer x0.01)."
 )
+
+ConvLayers = list[tuple[int, int, int]]
+CONV_DESCRIPTION = (
+    "Image trunks: the convolutions as [channels, kernel, stride] each, replacing the model's (cnn: "
+    "[[32, 8, 4], [64, 4, 2], [64, 3, 1]]; cnn_small: [[16, 8, 4], [32, 4, 2]]); null: the model's. Small frames "
+    "want small strides: a 42x42 frame through cnn_small ends as a 4x4 map, through [[16, 4, 2], [32, 4, 2], "
+    "[32, 3, 1]] as 7x7, as fine as the Nature CNN's at 84x84."
+)
+CONV_FEATURES_DESCRIPTION = "Image trunks: units of the layer after the convolutions (null: the model's, 512 or 256)."
+
+
+def conv_field() -> Any:
+    return Field(None, description=CONV_DESCRIPTION)
+
+
+def conv_features_field() -> Any:
+    return Field(None, ge=1, description=CONV_FEATURES_DESCRIPTION)
