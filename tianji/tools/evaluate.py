@@ -8,6 +8,7 @@ optionally record the first episode as a video (MP4 or GIF).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,9 +16,9 @@ import gymnasium as gym
 import numpy as np
 
 from tianji.algos import get_algo
-from tianji.algos.base import Placement
+from tianji.algos.base import ActorPolicy, Placement
 from tianji.config import Config, ConfigError
-from tianji.envs.make import is_atari, make_atari_screen, make_vector_env
+from tianji.envs.make import VectorEnvLike, is_atari, make_atari_screen, make_vector_env
 from tianji.runtime.roles.evaluator import play_greedy
 from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets
 from tianji.tools.train import load_run_config
@@ -30,7 +31,7 @@ class ScreenTwin:
     """The evaluation's vector env, with a twin of its first env (`make_atari_screen`) stepped alongside on
     the same actions until that env's first episode ends, its colour screen recorded at every step."""
 
-    def __init__(self, envs: Any, twin: Any, frames: list[np.ndarray]):
+    def __init__(self, envs: VectorEnvLike, twin: VectorEnvLike, frames: list[np.ndarray]):
         self.envs, self.twin, self.frames = envs, twin, frames
         self.running = True
 
@@ -104,14 +105,14 @@ def evaluate_run(
     return result
 
 
-def _policy(cfg: Config, envs: Any, state: dict[str, Any]) -> Any:
+def _policy(cfg: Config, envs: VectorEnvLike, state: dict[str, Any]) -> ActorPolicy[Any]:
     spec = get_algo(cfg.algo.name)
     policy = spec.make_policy(cfg.algo, envs.single_observation_space, envs.single_action_space, Placement())
     policy.load_weights(spec.policy_weights(state["algo"]))  # each algorithm knows where its policy is
     return policy
 
 
-def _recorder(envs: Any, frames: list[np.ndarray]):
+def _recorder(envs: VectorEnvLike, frames: list[np.ndarray]) -> Callable[[Any, np.ndarray], None]:
     """Frames of the first env while its first episode runs: what the env renders (rgb_array), or,
     for envs that cannot render (Atari's native vector env), the newest frame the agent sees."""
 
@@ -119,7 +120,8 @@ def _recorder(envs: Any, frames: list[np.ndarray]):
         if not running[0]:
             return
         try:
-            rendered = envs.render() if getattr(envs, "render_mode", None) == "rgb_array" else None
+            renders = getattr(envs, "render_mode", None) == "rgb_array"
+            rendered = envs.render() if renders else None  # type: ignore[attr-defined]  # Gymnasium's vector envs
         except gym.error.DependencyNotInstalled as exc:
             raise ConfigError(f"--video: the env cannot render without an extra package: {exc}") from None
         first = None if isinstance(obs, dict) else obs[0]

@@ -10,13 +10,21 @@ a batch of several is one [T, k1 + k2, ...] array per key, so returns are comput
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from tianji.algos.base import GradientHook, to_device
 from tianji.algos.common.optim import GradientStep, Stats
+
+
+class EpochSettings(Protocol):
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def minibatches(self) -> int: ...
+
 
 Loss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, Stats]]
 
@@ -38,7 +46,12 @@ def time_major(
 
 
 def minibatch_steps(
-    samples: dict[str, torch.Tensor], cfg: Any, loss_of: Loss, step: GradientStep, sync: GradientHook, env_steps: int
+    samples: dict[str, torch.Tensor],
+    cfg: EpochSettings,
+    loss_of: Loss,
+    step: GradientStep,
+    sync: GradientHook,
+    env_steps: int,
 ) -> dict[str, float]:
     """`cfg.epochs` passes of `cfg.minibatches` gradient steps on random samples (rows of every
     tensor in `samples`); the mean of each stat over the steps."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tianji.algos.base import ActorPolicy, Arrays
+from tianji.envs.make import VectorEnvLike
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Actor:
     def __init__(
         self,
         actor_id: int,
-        envs: Any,
+        envs: VectorEnvLike,
         policy: ActorPolicy,
         fragment_length: int,
         seed: int,

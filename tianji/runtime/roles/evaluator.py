@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 
 from tianji.algos.base import ActorPolicy
+from tianji.envs.make import VectorEnvLike
 from tianji.runtime.shared.events import EvalEvent
 
 MAX_EVAL_STEPS = 100_000  # guard for envs without a time limit
 
 
 class Evaluator:
-    def __init__(self, envs: Any, policy: ActorPolicy, seed: int):
+    def __init__(self, envs: VectorEnvLike, policy: ActorPolicy[Any], seed: int):
         self.envs = envs
         self.policy = policy
         self.seed = seed
@@ -72,7 +73,7 @@ class Played:
 
 
 def play_greedy(
-    envs: Any, policy: ActorPolicy, seed: int, on_step: Callable[[Any, np.ndarray], None] | None = None
+    envs: VectorEnvLike, policy: ActorPolicy[Any], seed: int, on_step: Callable[[Any, np.ndarray], None] | None = None
 ) -> Played:
     """Greedy actions until every env of `envs` has ended one episode. `on_step(obs, running)` sees
     every observation (for videos)."""

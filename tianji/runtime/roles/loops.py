@@ -18,11 +18,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import zmq
 
+from tianji.config import Config
 from tianji.runtime.process.life import die_with_parent
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.build import build_actor, build_evaluator, build_learner
+from tianji.runtime.roles.learner import Learner
 from tianji.runtime.roles.links import DriverGone, DriverLink, FrameSender, LearnerLink, SlotSender
 from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService
@@ -93,7 +96,7 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
 # ---------------------------------------------------------------- actor
 
 
-def learner_of(cfg: Any, actor_id: int) -> int:
+def learner_of(cfg: Config, actor_id: int) -> int:
     """The learner an actor feeds: actors are dealt to learners in turn (evenly)."""
     return actor_id % cfg.topology.learner_count
 
@@ -326,7 +329,7 @@ def learner_loop(
     driver: DriverLink,
     rank: int = 0,
     group: GroupSpec | None = None,
-    group_store: Any = None,
+    group_store: dist.TCPStore | None = None,
 ) -> None:
     """Carry the learner service's messages over sockets: hellos and fragment notices in, weights
     replies, publishes and credits out; events and checkpoints to the driver when the service says.
@@ -424,16 +427,19 @@ def learner_loop(
         leave_group()
 
 
-def _join_learner_group(learner: Any, cfg: Any, group: GroupSpec, group_store: Any) -> dict[str, float]:
+def _join_learner_group(
+    learner: Learner, cfg: Config, group: GroupSpec, group_store: dist.TCPStore | None
+) -> dict[str, float]:
     """Form the process group and start from rank 0's parameters, moments and version (after a
     resume each learner loaded its own checkpoint; in allreduce mode they must be identical).
     Returns the group's collective costs, measured with a bucket of the model's size."""
     join_group(group, group_store)
-    learner.attach_sync(make_sync(cfg.sync.mode, group.world_size, cfg.sync.every, cfg.sync.average_optimizer))
+    sync = make_sync(cfg.sync.mode, group.world_size, cfg.sync.every, cfg.sync.average_optimizer)
+    learner.attach_sync(sync)
     version = torch.tensor([float(learner.version)])
     broadcast_from_first([*learner.algo.parameters(), *learner.algo.optimizer_moments(), version])
     learner.version = int(version.item())
-    learner.sync.started(learner.algo.parameters())
+    sync.started(learner.algo.parameters())
     parameters = list(learner.algo.parameters())
     costs = measure_group(sum(p.numel() for p in parameters), parameters[0].device)
     log.info(
