@@ -117,7 +117,18 @@ def main() -> None:
     parser.add_argument("--keep-runs", help="keep the run directories here (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "zoo"), help="results path without suffix")
     parser.add_argument("--replace", action="store_true", help="drop earlier results of presets not run now")
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        default=[],
+        metavar="PRESET=RUN_DIR[,RUN_DIR]",
+        help="take the rows of these presets from finished runs (each checked to be the preset's own "
+        "config but for its seed) instead of training them again",
+    )
     args = parser.parse_args()
+    if args.from_runs:
+        presets_from_runs(args)
+        return
     presets = args.presets or preset_names()
     out = Path(args.out)
     saved = (
@@ -144,6 +155,55 @@ def main() -> None:
             out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
             out.with_suffix(".md").write_text(markdown(rows))
     print(markdown([saved[name] for name in sorted(saved)]))
+    update_tables(markdown([saved[name] for name in sorted(saved)]))
+
+
+IGNORED = {"seed", "name", "logging", "checkpoint"}  # what may differ between a preset and a run of it
+
+
+def preset_config_of(run_dir: Path) -> dict:
+    import yaml
+
+    return {k: v for k, v in yaml.safe_load((run_dir / "config.yaml").read_text()).items() if k not in IGNORED}
+
+
+def presets_from_runs(args: argparse.Namespace) -> None:
+    """Rows from runs already made (a staleness ablation's, a soak's): each must be the preset's config but for
+    its seed (and where it logged); its summary says how it went."""
+    out = Path(args.out)
+    saved = (
+        {row["preset"]: row for row in json.loads(out.with_suffix(".json").read_text())}
+        if out.with_suffix(".json").exists()
+        else {}
+    )
+    for item in args.from_runs:
+        preset, _, dirs = item.partition("=")
+        expected = {k: v for k, v in load_config(preset).model_dump(mode="json").items() if k not in IGNORED}
+        runs = []
+        for run_dir in (Path(d) for d in dirs.split(",")):
+            given = preset_config_of(run_dir)
+            different = sorted(k for k in expected if given.get(k) != expected[k])
+            if different:
+                raise SystemExit(f"{run_dir} is not a run of {preset}: its {', '.join(different)} differ")
+            summary = json.loads((run_dir / "summary.json").read_text())
+            runs.append({**summary, "seed": load_config(str(run_dir / "config.yaml")).seed})
+        saved[preset] = summarize(preset, runs)
+    rows = [saved[name] for name in sorted(saved)]
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(rows))
+    print(markdown(rows))
+    update_tables(markdown(rows))
+
+
+def update_tables(table: str) -> None:
+    """The zoo table in the README and the benchmarks page, between their `<!-- zoo table -->` markers."""
+    root = Path(__file__).parents[1]
+    for page in (root / "README.md", root / "docs" / "benchmarks.md"):
+        text = page.read_text()
+        if "<!-- zoo table -->" in text:
+            head, rest = text.split("<!-- zoo table -->", 1)
+            _, tail = rest.split("<!-- /zoo table -->", 1)
+            page.write_text(f"{head}<!-- zoo table -->\n{table}<!-- /zoo table -->{tail}")
 
 
 if __name__ == "__main__":
