@@ -155,7 +155,8 @@ def main() -> None:
             out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
             out.with_suffix(".md").write_text(markdown(rows))
     print(markdown([saved[name] for name in sorted(saved)]))
-    update_tables(markdown([saved[name] for name in sorted(saved)]))
+    if out == RESULTS / "zoo":  # the project's own table, not a scratch one
+        update_tables(markdown([saved[name] for name in sorted(saved)]))
 
 
 IGNORED = {"seed", "name", "logging", "checkpoint"}  # what may differ between a preset and a run of it
@@ -192,7 +193,8 @@ def presets_from_runs(args: argparse.Namespace) -> None:
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
-    update_tables(markdown(rows))
+    if out == RESULTS / "zoo":
+        update_tables(markdown(rows))
 
 
 def update_tables(table: str) -> None:
