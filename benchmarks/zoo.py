@@ -168,9 +168,35 @@ def preset_config_of(run_dir: Path) -> dict:
     return {k: v for k, v in yaml.safe_load((run_dir / "config.yaml").read_text()).items() if k not in IGNORED}
 
 
+def against_preset_target(preset: str, run_dir: Path, summary: dict) -> dict:
+    """A run that trained on past the preset's target (a soak has none): when it first reached the preset's
+    target within the preset's time limit, read from its metrics as the run itself would have stopped."""
+    import csv
+
+    stop = load_config(preset).stop
+    key = {"train": "env/return_mean100", "eval": "eval/return_mean", "eval_win_rate": "eval/win_rate"}[
+        stop.target_metric
+    ]
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get(key) not in (None, "", "nan")]
+    limit = stop.max_wall_time_s or float("inf")
+    hit = next((r for r in rows if float(r[key]) >= stop.target_return and float(r["time_s"]) <= limit), None)
+    last = [r for r in rows if float(r["time_s"]) <= limit] or rows[-1:]
+    return {
+        **summary,
+        "target_reached": hit is not None,
+        "time_to_target_s": float(hit["time_s"]) if hit else None,
+        "env_steps_to_target": int(float(hit["env_steps"])) if hit else None,
+        "return_at_target": float(hit[key]) if hit else None,
+        "env_steps": int(float(last[-1]["env_steps"])),
+        "wall_time_s": float(last[-1]["time_s"]),
+    }
+
+
 def presets_from_runs(args: argparse.Namespace) -> None:
     """Rows from runs already made (a staleness ablation's, a soak's): each must be the preset's config but for
-    its seed (and where it logged); its summary says how it went."""
+    its seed (and where it logged). A run whose stop conditions differ (a soak trains on past the target) is
+    judged on its metrics against the preset's own target and time limit."""
     out = Path(args.out)
     saved = (
         {row["preset"]: row for row in json.loads(out.with_suffix(".json").read_text())}
@@ -183,10 +209,12 @@ def presets_from_runs(args: argparse.Namespace) -> None:
         runs = []
         for run_dir in (Path(d) for d in dirs.split(",")):
             given = preset_config_of(run_dir)
-            different = sorted(k for k in expected if given.get(k) != expected[k])
+            different = sorted(k for k in expected if given.get(k) != expected[k] and k != "stop")
             if different:
                 raise SystemExit(f"{run_dir} is not a run of {preset}: its {', '.join(different)} differ")
             summary = json.loads((run_dir / "summary.json").read_text())
+            if given.get("stop") != expected["stop"]:
+                summary = against_preset_target(preset, run_dir, summary)
             runs.append({**summary, "seed": load_config(str(run_dir / "config.yaml")).seed})
         saved[preset] = summarize(preset, runs)
     rows = [saved[name] for name in sorted(saved)]
