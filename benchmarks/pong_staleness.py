@@ -108,10 +108,11 @@ def describe(run_dir: Path, bound: int, correction: str, seed: int) -> dict:
 
 
 def relative_to_synchronous(rows: list[dict]) -> None:
-    """Each run's env steps to each threshold / the synchronous run's (same correction and seed)."""
-    sync = {(r["correction"], r["seed"]): r for r in rows if r["bound"] == 0}
+    """Each run's env steps to each threshold / the synchronous run's of the same seed (with no lag the
+    correction changes nothing: one synchronous run serves both)."""
+    sync = {r["seed"]: r for r in rows if r["bound"] == 0}
     for row in rows:
-        base = sync.get((row["correction"], row["seed"]))
+        base = sync.get(row["seed"])
         row["steps_vs_sync"] = {}
         for key, hit in row["reached"].items():
             if base is None or hit is None or base["reached"][key] is None:
@@ -208,6 +209,8 @@ def main() -> None:
     rows = []
     for correction in args.correction:
         for bound in args.bounds:
+            if bound == 0 and correction != args.correction[0]:
+                continue  # synchronous: the correction is PPO exactly, the first run serves both
             for seed in range(args.seeds + (1 if bound in args.two_seeds and args.seeds < 2 else 0)):
                 run_dir = run_root / run_name(bound, correction, seed)
                 if not (run_dir / "summary.json").exists():
