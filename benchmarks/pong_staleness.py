@@ -10,7 +10,8 @@ gives a bound more actors). The table reports, per run, the lag measured, the en
 to a 100-episode mean of -15, 0, 12 and 18 (where reached within the budget), and how many env steps
 each run needed relative to the synchronous one (bound 0) of the same correction and seed.
 Runs already finished (their summary.json exists) are read, not run again, so the script can be
-stopped and restarted. Results: benchmarks/results/pong-staleness.{md,json,png}.
+stopped and restarted; the table also shows every other finished run under --run-root, so invocations
+with different bounds or corrections add up. Results: benchmarks/results/pong-staleness.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -105,6 +106,18 @@ def describe(run_dir: Path, bound: int, correction: str, seed: int) -> dict:
         "final_score": points[-1][2] if points else None,
         "reached": {k: (None if v is None else {"minutes": v[0] / 60, "env_steps": v[1]}) for k, v in reached.items()},
     }
+
+
+def earlier_runs(run_root: Path, taken: set[str]) -> list[dict]:
+    """Finished runs of earlier invocations (other bounds, seeds or corrections), so that the table grows
+    across invocations instead of showing only the last one's runs."""
+    rows = []
+    for run_dir in sorted(run_root.glob("lag*-*-s*")):
+        if run_dir.name in taken or not (run_dir / "summary.json").exists():
+            continue
+        bound, correction, seed = run_dir.name.split("-")
+        rows.append(describe(run_dir, int(bound[len("lag") :]), correction, int(seed[len("s") :])))
+    return rows
 
 
 def relative_to_synchronous(rows: list[dict]) -> None:
@@ -220,6 +233,7 @@ def main() -> None:
                     train(args.preset, run_dir, bound, correction, seed, args)
                 rows.append(describe(run_dir, bound, correction, seed))
                 print(f"{run_dir.name}: {rows[-1]['reached']}", flush=True)
+    rows += earlier_runs(run_root, {r["run"] for r in rows})
     relative_to_synchronous(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
