@@ -3,8 +3,10 @@ full disk that costs writes, never the run or the last good set."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -201,41 +203,89 @@ def test_a_resume_that_trains_nothing_ends_with_the_checkpoint_it_read(tiny_conf
 # ---------------------------------------------------------------- a full disk, for real
 
 
-def small_filesystem(path: Path, megabytes: int) -> bool:
-    """Mount a tmpfs of `megabytes` at `path` (root only); False where this machine does not allow it."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    path.mkdir(parents=True, exist_ok=True)
-    return (
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)], capture_output=True
-        ).returncode
-        == 0
-    )
+class SmallFilesystem:
+    """A 48 MB tmpfs under the run, filled to the last byte: the disk really is full (root only)."""
+
+    reason = "ENOSPC"
+
+    def __init__(self, root: Path):
+        self.path = root / "disk"
+        self.filler = self.path / "filler"
+
+    def mount(self) -> bool:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            return False
+        self.path.mkdir(parents=True, exist_ok=True)
+        mount = ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.path)]
+        return subprocess.run(mount, capture_output=True).returncode == 0
+
+    def fill(self, pid: int) -> None:
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            for block in (1 << 20, 4096, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(fd, b"\0" * block)
+        finally:
+            os.close(fd)
+
+    def free(self, pid: int) -> None:
+        self.filler.unlink()
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
 
 
-def fill(path: Path) -> Path:
-    """Take every free byte of the filesystem at `path`."""
-    filler = path / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for block in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * block)
-            except OSError:
-                continue
-    finally:
-        os.close(fd)
-    return filler
+class FileSizeLimit:
+    """Every process of the run may grow no file past 1 kB (RLIMIT_FSIZE, set from outside with prlimit):
+    each write past that fails with EFBIG, as on a full disk. Needs no privilege."""
+
+    reason = "EFBIG"
+
+    def __init__(self, root: Path):
+        self.path = root / "disk"
+
+    def mount(self) -> bool:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return hasattr(resource, "prlimit")
+
+    def fill(self, pid: int) -> None:
+        self._limit(pid, 1024)
+
+    def free(self, pid: int) -> None:
+        self._limit(pid, resource.RLIM_INFINITY)
+
+    def unmount(self) -> None:
+        pass
+
+    @staticmethod
+    def _limit(pid: int, soft: int) -> None:
+        for process in process_tree(pid):
+            with contextlib.suppress(ProcessLookupError):
+                _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
+                resource.prlimit(process, resource.RLIMIT_FSIZE, (soft, hard))
 
 
-def test_a_full_disk_costs_writes_not_the_run_nor_the_last_good_set(tmp_path):
-    disk = tmp_path / "disk"
-    if not small_filesystem(disk, 48):
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, of in parents.items() if of == parent]
+    return tree
+
+
+@pytest.mark.parametrize("disk_kind", [SmallFilesystem, FileSizeLimit], ids=["tmpfs", "file-size-limit"])
+def test_a_full_disk_costs_writes_not_the_run_nor_the_last_good_set(tmp_path, disk_kind):
+    disk = disk_kind(tmp_path)
+    if not disk.mount():
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        run_dir = disk / "run"
+        run_dir = disk.path / "run"
         command = [
             sys.executable,
             "-m",
@@ -259,19 +309,19 @@ def test_a_full_disk_costs_writes_not_the_run_nor_the_last_good_set(tmp_path):
         ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert wait_for(lambda: len(sets_of(run_dir)) >= 2, 60), "no checkpoint set written"
-        filler = fill(disk)
+        disk.fill(process.pid)
         time.sleep(4)  # several checkpoints and metric rows meet a full disk
         good_before = CheckpointSets(run_dir / "checkpoints").newest_good()
         assert good_before.skipped == [], good_before.skipped
-        filler.unlink()
+        disk.free(process.pid)
         output, _ = process.communicate(timeout=120)
         assert process.returncode == 0, output
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["checkpoint_write_failures"] > 0 and summary["metrics_write_failures"] > 0, summary
         assert summary["stop_reason"] == "max_wall_time_s"
-        warnings = [line for line in output.splitlines() if "not written: ENOSPC" in line]
+        warnings = [line for line in output.splitlines() if f"not written: {disk.reason}" in line]
         assert 1 <= len(warnings) <= 2 * 4 / 0.2, output  # at most once per interval, with the reason
         assert str(run_dir) in warnings[0]
         assert CheckpointSets(run_dir / "checkpoints").newest_good().skipped == []
     finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        disk.unmount()
