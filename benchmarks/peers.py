@@ -1,7 +1,7 @@
 """TianJi against RLlib and Stable-Baselines3 on one machine: time to the same target, side by side.
 
     pip install -e '.[peers]'           # ray[rllib], stable-baselines3, rl-zoo3 (its published hyperparameters)
-    python benchmarks/peers.py [--tasks cartpole-ppo cartpole-dqn acrobot-ppo pong-ppo] [--seeds 3]
+    python benchmarks/peers.py [--tasks cartpole-ppo cartpole-dqn acrobot-ppo pong-ppo pong-appo] [--seeds 3]
                                [--cap-s 300] [--pong-minutes 30] [--out benchmarks/results/peers]
 
 Runs interleave (TianJi, RLlib, SB3, TianJi, ...), one at a time, each a fresh command timed from its start
@@ -12,7 +12,8 @@ Runs interleave (TianJi, RLlib, SB3, TianJi, ...), one at a time, each a fresh c
 - cartpole-ppo: 100-episode mean training return >= 475;
 - cartpole-dqn: greedy evaluation mean (20 episodes) >= 475;
 - acrobot-ppo: 100-episode mean >= -100;
-- pong-ppo: score and env steps at the cap, and the time to the first of -15, 0, 12 and 18 each reaches.
+- pong-ppo, pong-appo: score and env steps at the cap, and the time to the first of -15, 0, 12 and 18 each
+  reaches (Stable-Baselines3 has no APPO).
 
 Writes a table (median wall time and spread, env steps, env steps/s, each peer's time over TianJi's) with
 the machine and every system's version to OUT.md and OUT.json.
@@ -39,13 +40,16 @@ TIANJI_PRESETS = {
     "cartpole-dqn": "cartpole-dqn",
     "acrobot-ppo": "acrobot-ppo",
     "pong-ppo": "pong-ppo",
+    "pong-appo": "pong-appo",
 }
 TARGETS = {
     "cartpole-ppo": ("mean100", 475.0),
     "cartpole-dqn": ("greedy eval of 20", 475.0),
     "acrobot-ppo": ("mean100", -100.0),
     "pong-ppo": ("mean100", 18.0),
+    "pong-appo": ("mean100", 18.0),
 }
+UNSUPPORTED = {("pong-appo", "sb3"): "Stable-Baselines3 has no APPO"}
 PONG_THRESHOLDS = (-15.0, 0.0, 12.0, 18.0)
 PAPER = {"RLlib (PPO)": 4.36, "XingTian (PPO)": 2.95, "best": 4.37}  # the paper's headline: peer time / TianJi's
 
@@ -69,7 +73,7 @@ def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]
         "--set",
         "checkpoint.interval_s=600",
     ]
-    if task == "pong-ppo":
+    if is_pong(task):
         command += ["--set", "stop.target_return=18", "--set", "logging.interval_s=10"]
     with open(run_dir.with_suffix(".log"), "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -84,6 +88,10 @@ def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]
         "thresholds": thresholds_of(points),
         "points": points,
     }
+
+
+def is_pong(task: str) -> bool:
+    return task.startswith("pong")
 
 
 def tianji_points(run_dir: Path, task: str) -> list[tuple[float, int, float]]:
@@ -185,7 +193,7 @@ def summarise(task: str, system: str, runs: list[dict[str, Any]], cap_s: float) 
         else None,
         "errors": [r["error"] for r in runs if "error" in r],
     }
-    if task == "pong-ppo":
+    if is_pong(task):
         row["thresholds"] = {str(t): [r["thresholds"].get(str(t)) for r in runs] for t in PONG_THRESHOLDS}
     return row
 
@@ -211,7 +219,7 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if row["task"] == "pong-ppo":
+        if is_pong(row["task"]):
             continue
         metric, target = TARGETS[row["task"]]
         base = tianji.get(row["task"])
@@ -225,23 +233,8 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
             f"| {row['task']} ({metric} >= {target:g}) | {row['system']} | {time_cell(row)} | "
             f"{row['median_env_steps'] / 1e3:,.0f}k | {rate} | {ratio} |"
         )
-    pong = [r for r in rows if r["task"] == "pong-ppo"]
-    if pong:
-        lines += [
-            "",
-            f"Pong (100-episode mean game score; cap {pong[0]['cap_s'] / 60:.0f} minutes):",
-            "",
-            "| system | score at the cap (median) | env steps | env steps/s | minutes to -15 / 0 / 12 / 18 |",
-            "|---|---|---|---|---|",
-        ]
-        for row in pong:
-            reached = " / ".join(
-                ", ".join(f"{hit[0] / 60:.1f}" if hit else "-" for hit in row["thresholds"][str(t)])
-                for t in PONG_THRESHOLDS
-            )
-            final = f"{row['final']:.1f}" if row["final"] is not None else "-"
-            rate = f"{row['env_steps_per_s']:,.0f}" if row["env_steps_per_s"] else "-"
-            lines.append(f"| {row['system']} | {final} | {row['median_env_steps'] / 1e6:.2f}M | {rate} | {reached} |")
+    for task in dict.fromkeys(r["task"] for r in rows if is_pong(r["task"])):
+        lines += pong_table(task, [r for r in rows if r["task"] == task])
     lines += [
         "",
         f"The paper's claim: TianJi reaches the same score up to {PAPER['best']}x sooner "
@@ -250,10 +243,33 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pong_table(task: str, rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"{task} (100-episode mean game score; cap {rows[0]['cap_s'] / 60:.0f} minutes):",
+        "",
+        "| system | score at the cap (median) | env steps | env steps/s | minutes to -15 / 0 / 12 / 18 |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        reached = " / ".join(
+            ", ".join(f"{hit[0] / 60:.1f}" if hit else "-" for hit in row["thresholds"][str(t)])
+            for t in PONG_THRESHOLDS
+        )
+        final = f"{row['final']:.1f}" if row["final"] is not None else "-"
+        rate = f"{row['env_steps_per_s']:,.0f}" if row["env_steps_per_s"] else "-"
+        lines.append(f"| {row['system']} | {final} | {row['median_env_steps'] / 1e6:.2f}M | {rate} | {reached} |")
+    lines += [f"| {system} | {why} | | | |" for (t, system), why in UNSUPPORTED.items() if t == task]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--tasks", nargs="+", default=["cartpole-ppo", "cartpole-dqn", "acrobot-ppo", "pong-ppo"], choices=list(TARGETS)
+        "--tasks",
+        nargs="+",
+        default=["cartpole-ppo", "cartpole-dqn", "acrobot-ppo", "pong-ppo", "pong-appo"],
+        choices=list(TARGETS),
     )
     parser.add_argument("--systems", nargs="+", default=["tianji", "rllib", "sb3"], choices=["tianji", "rllib", "sb3"])
     parser.add_argument("--seeds", type=int, default=3)
@@ -267,9 +283,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for task in args.tasks:
-        cap = args.pong_minutes * 60 if task == "pong-ppo" else args.cap_s
-        for seed in range(args.pong_seeds if task == "pong-ppo" else args.seeds):
+        cap = args.pong_minutes * 60 if is_pong(task) else args.cap_s
+        for seed in range(args.pong_seeds if is_pong(task) else args.seeds):
             for system in args.systems:  # interleaved: the machine's drift spreads over every system alike
+                if (task, system) in UNSUPPORTED:
+                    continue
                 print(f"{task} seed {seed}: {system} ...", flush=True)
                 run = (
                     run_tianji(task, seed, cap, work) if system == "tianji" else run_peer(system, task, seed, cap, work)
@@ -282,7 +300,7 @@ def main() -> None:
                 )
     info = machine()
     rows = [
-        summarise(task, system, runs, runs and (args.pong_minutes * 60 if task == "pong-ppo" else args.cap_s))
+        summarise(task, system, runs, args.pong_minutes * 60 if is_pong(task) else args.cap_s)
         for (task, system), runs in results.items()
     ]
     out = Path(args.out)

@@ -27,6 +27,7 @@ TASKS = {  # task -> (env id, algorithm, metric, target, extra thresholds report
     "cartpole-dqn": ("CartPole-v1", "dqn", "greedy_eval20", 475.0, ()),
     "acrobot-ppo": ("Acrobot-v1", "ppo", "train_mean100", -100.0, ()),
     "pong-ppo": ("PongNoFrameskip-v4", "ppo", "train_mean100", 18.0, (-15.0, 0.0, 12.0)),
+    "pong-appo": ("PongNoFrameskip-v4", "appo", "train_mean100", 18.0, (-15.0, 0.0, 12.0)),
 }
 
 
@@ -141,8 +142,8 @@ def run_sb3(task: str, seed: int, cap_s: float, threads: int) -> dict[str, Any]:
 
 
 def rllib_config(task: str, seed: int, runners: int) -> Any:
-    """rllib/tuned_examples/{ppo/cartpole_ppo.py, dqn/cartpole_dqn.py, ppo/atari_ppo.py}, as published; Acrobot
-    has no tuned example: RLlib's PPO defaults."""
+    """rllib/tuned_examples/{ppo/cartpole_ppo.py, dqn/cartpole_dqn.py, ppo/atari_ppo.py, appo/pong_appo.py}, as
+    published; Acrobot has no tuned example: RLlib's PPO defaults."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -193,34 +194,43 @@ def rllib_config(task: str, seed: int, runners: int) -> Any:
                 evaluation_num_env_runners=0,
             )
         )
-    else:
+    elif task == "pong-ppo":
         config = rllib_atari_ppo()
+    else:
+        config = rllib_pong_appo()
     return config.env_runners(num_env_runners=runners).debugging(seed=seed)
 
 
-def rllib_atari_ppo() -> Any:
-    """rllib/tuned_examples/ppo/atari_ppo.py; its learning rate is 0.00015 x GPUs: 0.00015 here (one GPU's)."""
+def register_pong(dim: int | None = None) -> str:
+    """ALE/Pong-v5 made like the old PongNoFrameskip-v4, with RLlib's Atari wrappers (frames stacked by a
+    connector, as RLlib's tuned examples do)."""
     import gymnasium as gym
     from ray import tune
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
-    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
     def make(cfg: dict) -> Any:
         import ale_py
 
         gym.register_envs(ale_py)
-        return wrap_atari_for_new_api_stack(gym.make("ALE/Pong-v5", **cfg), framestack=None)
+        size = {} if dim is None else {"dim": dim}
+        return wrap_atari_for_new_api_stack(gym.make("ALE/Pong-v5", **cfg), framestack=None, **size)
 
     tune.register_env("pong", make)
+    return "pong"
+
+
+PONG_ENV_CONFIG = {"frameskip": 1, "full_action_space": False, "repeat_action_probability": 0.0}
+
+
+def rllib_atari_ppo() -> Any:
+    """rllib/tuned_examples/ppo/atari_ppo.py; its learning rate is 0.00015 x GPUs: 0.00015 here (one GPU's)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
+
     return (
         PPOConfig()
-        .environment(
-            "pong",
-            env_config={"frameskip": 1, "full_action_space": False, "repeat_action_probability": 0.0},
-            clip_rewards=True,
-        )
+        .environment(register_pong(), env_config=PONG_ENV_CONFIG, clip_rewards=True)
         .env_runners(
             env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=4)
         )
@@ -237,6 +247,42 @@ def rllib_atari_ppo() -> Any:
             lr=0.00015,
             grad_clip=100.0,
             grad_clip_by="global_norm",
+        )
+        .rl_module(
+            model_config={
+                "vf_share_layers": True,
+                "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+                "conv_activation": "relu",
+                "head_fcnet_hiddens": [256],
+            }
+        )
+    )
+
+
+def rllib_pong_appo() -> Any:
+    """rllib/tuned_examples/appo/pong_appo.py (64x64 frames, one learner: lr 0.0005)."""
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
+
+    return (
+        APPOConfig()
+        .environment(register_pong(dim=64), env_config=PONG_ENV_CONFIG, clip_rewards=True)
+        .env_runners(
+            env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=4),
+            num_envs_per_env_runner=2,
+        )
+        .learners(num_aggregator_actors_per_learner=2)
+        .training(
+            learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=4),
+            train_batch_size_per_learner=500,
+            target_network_update_freq=2,
+            lr=0.0005,
+            vf_loss_coeff=1.0,
+            entropy_coeff=[[0, 0.01], [3000000, 0.0]],
+            broadcast_interval=5,
+            circular_buffer_num_batches=4,
+            circular_buffer_iterations_per_batch=2,
         )
         .rl_module(
             model_config={
