@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ from tianji.config import load_config
 from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools.calibration import available_cores
+
+from common import train_command
 
 
 def raw_env_rate(cfg, seconds: float) -> float:
@@ -74,25 +75,8 @@ def learner_rate(cfg, seconds: float) -> float:
 def end_to_end_rate(preset: str, overrides: list[str], seconds: float) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [
-            sys.executable,
-            "-m",
-            "tianji",
-            "train",
-            preset,
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            "logging.console=false",
-            "--set",
-            "stop.target_return=null",
-            "--set",
-            f"stop.max_wall_time_s={seconds + 20}",
-            "--set",
-            "logging.interval_s=1",
-        ]
-        for item in overrides:
-            command += ["--set", item]
+        settings = ["stop.target_return=null", f"stop.max_wall_time_s={seconds + 20}", "logging.interval_s=1"]
+        command = train_command(preset, run_dir, *settings, *overrides)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = rows[:-1]  # the last row is written after the stop

@@ -8,24 +8,18 @@ import sys
 from pathlib import Path
 
 
+def train_command(preset: str, run_dir: Path, *settings: str, launcher: str | None = None) -> list[str]:
+    """`tianji train PRESET --run-dir RUN_DIR [--launcher L] --set S ...` in this interpreter, console off."""
+    command = [sys.executable, "-m", "tianji", "train", preset, "--run-dir", str(run_dir)]
+    if launcher is not None:
+        command += ["--launcher", launcher]
+    for item in ("logging.console=false", *settings):
+        command += ["--set", item]
+    return command
+
+
 def run_tianji(preset: str, run_dir: Path, seed: int, overrides: list[str], launcher: str = "local") -> dict:
     """One training command (its own process, timed from its own start); returns summary.json."""
-    command = [
-        sys.executable,
-        "-m",
-        "tianji",
-        "train",
-        preset,
-        "--run-dir",
-        str(run_dir),
-        "--launcher",
-        launcher,
-        "--set",
-        f"seed={seed}",
-        "--set",
-        "logging.console=false",
-    ]
-    for item in overrides:
-        command += ["--set", item]
+    command = train_command(preset, run_dir, f"seed={seed}", *overrides, launcher=launcher)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((run_dir / "summary.json").read_text())

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import train_command
+
 HERE = Path(__file__).parent
 TIANJI_PRESETS = {
     "cartpole-ppo": "cartpole-ppo",
@@ -56,25 +58,10 @@ PAPER = {"RLlib (PPO)": 4.36, "XingTian (PPO)": 2.95, "best": 4.37}  # the paper
 
 def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]:
     run_dir = work / f"tianji-{task}-s{seed}"
-    command = [
-        sys.executable,
-        "-m",
-        "tianji",
-        "train",
-        TIANJI_PRESETS[task],
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"seed={seed}",
-        "--set",
-        f"stop.max_wall_time_s={cap_s}",
-        "--set",
-        "logging.console=false",
-        "--set",
-        "checkpoint.interval_s=600",
-    ]
+    settings = [f"seed={seed}", f"stop.max_wall_time_s={cap_s}", "checkpoint.interval_s=600"]
     if is_pong(task):
-        command += ["--set", "stop.target_return=18", "--set", "logging.interval_s=10"]
+        settings += ["stop.target_return=18", "logging.interval_s=10"]
+    command = train_command(TIANJI_PRESETS[task], run_dir, *settings)
     with open(run_dir.with_suffix(".log"), "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import train_command
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,25 +28,14 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     run_dir = Path(args.run_dir)
-    command = [
-        sys.executable,
-        "-m",
-        "tianji",
-        "train",
+    command = train_command(
         args.preset,
-        "--run-dir",
-        str(run_dir),
-        "--set",
+        run_dir,
         f"stop.max_wall_time_s={args.minutes * 60}",
-        "--set",
         "stop.target_return=18",
-        "--set",
-        "logging.console=false",
-        "--set",
         "logging.interval_s=10",
-    ]
-    for item in args.overrides:
-        command += ["--set", item]
+        *args.overrides,
+    )
     subprocess.run(command, check=True)
     rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
     score = [

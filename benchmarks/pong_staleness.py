@@ -22,9 +22,10 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from common import train_command
 
 THRESHOLDS = (-15.0, 0.0, 12.0, 18.0)
 RESULTS = Path(__file__).parent / "results"
@@ -36,39 +37,20 @@ def run_name(bound: int, correction: str, seed: int) -> str:
 
 def train(preset: str, run_dir: Path, bound: int, correction: str, seed: int, args: argparse.Namespace) -> None:
     actors = dict(args.actors_for).get(bound)
-    command = [
-        sys.executable,
-        "-m",
-        "tianji",
-        "train",
-        preset,
-        "--run-dir",
-        str(run_dir),
-        "--set",
+    settings = [
         f"seed={seed}",
-        "--set",
         f"balance.max_policy_lag={bound}",
-        "--set",
         f"balance.max_inflight={max(1, args.inflight)}",
-        "--set",
         f"algo.proximal={'true' if correction == 'on' else 'false'}",
-        "--set",
         "stop.target_return=18",
-        "--set",
         f"stop.max_env_steps={args.max_env_steps}",
-        "--set",
         f"stop.max_wall_time_s={args.minutes * 60}",
-        "--set",
-        "logging.console=false",
-        "--set",
         "logging.interval_s=10",
-        "--set",
         "checkpoint.interval_s=600",
     ]
     if actors is not None:
-        command += ["--set", f"topology.actors={actors}"]
-    for item in args.overrides:
-        command += ["--set", item]
+        settings.append(f"topology.actors={actors}")
+    command = train_command(preset, run_dir, *settings, *args.overrides)
     log = run_dir.with_suffix(".log")
     with open(log, "w") as out:
         subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)

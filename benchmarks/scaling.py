@@ -29,7 +29,6 @@ import csv
 import json
 import multiprocessing
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
@@ -38,6 +37,8 @@ from pathlib import Path
 from tianji.config import load_config
 from tianji.runtime.launchers.ray_boot import loopback_only
 from tianji.tools import calibration, plan
+
+from common import train_command
 
 LAYOUTS = ((1, 1), (1, 2), (2, 2))  # (learners, actors) that fit 2 cores
 # predicted clusters: CPU learners as the planner lays them out, or one GPU learner per node
@@ -49,30 +50,13 @@ def cfg_with_sync(cfg, mode: str):
     return cfg.model_copy(update={"sync": cfg.sync.model_copy(update={"mode": mode})})
 
 
-def measure(preset: str, learners: int, actors: int, seconds: float, run_dir: Path, *more: str) -> dict:
+def measure(
+    preset: str, learners: int, actors: int, seconds: float, run_dir: Path, *settings: str, launcher: str | None = None
+) -> dict:
     """A real run of this layout, no target: steady env steps/s, learner busy fraction, policy lag."""
-    command = [
-        sys.executable,
-        "-m",
-        "tianji",
-        "train",
-        preset,
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"topology.learners={learners}",
-        "--set",
-        f"topology.actors={actors}",
-        "--set",
-        "stop.target_return=null",
-        "--set",
-        f"stop.max_wall_time_s={seconds}",
-        "--set",
-        "logging.console=false",
-        "--set",
-        "logging.interval_s=1",
-        *more,
-    ]
+    layout = [f"topology.learners={learners}", f"topology.actors={actors}"]
+    stop = ["stop.target_return=null", f"stop.max_wall_time_s={seconds}", "logging.interval_s=1"]
+    command = train_command(preset, run_dir, *layout, *stop, *settings, launcher=launcher)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
     steady = rows[1:-1] if len(rows) > 3 else rows
@@ -113,14 +97,10 @@ def measure_two_nodes(preset: str, seconds: float, repeats: int, tmp: Path) -> l
                 2,
                 seconds,
                 tmp / f"{preset}-two-nodes-{repeat}",
-                "--launcher",
-                "ray",
-                "--set",
                 f"ray.address={cluster.address}",
-                "--set",
                 "ray.learner_resources={head_node: 1}",
-                "--set",
                 "ray.actor_resources={worker_node: 1}",
+                launcher="ray",
             )
             for repeat in range(repeats)
         ]

@@ -16,12 +16,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tianji.runtime.transport.shm import shm_root
+
+from common import train_command
 
 
 def rss_mb(pid: int) -> float | None:
@@ -94,23 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "soak"
-        command = [
-            sys.executable,
-            "-m",
-            "tianji",
-            "train",
-            args.preset,
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            "stop.target_return=null",
-            "--set",
-            f"stop.max_wall_time_s={args.minutes * 60 + 60}",
-            "--set",
-            "logging.console=false",
-        ]
-        for item in args.overrides:
-            command += ["--set", item]
+        stop = ["stop.target_return=null", f"stop.max_wall_time_s={args.minutes * 60 + 60}"]
+        command = train_command(args.preset, run_dir, *stop, *args.overrides)
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:
             while not (run_dir / "roles.json").exists():
