@@ -220,6 +220,12 @@ def register_pong(dim: int | None = None) -> str:
 
 
 PONG_ENV_CONFIG = {"frameskip": 1, "full_action_space": False, "repeat_action_probability": 0.0}
+PONG_MODEL = {  # the network of both of RLlib's tuned Pong examples
+    "vf_share_layers": True,
+    "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+    "conv_activation": "relu",
+    "head_fcnet_hiddens": [256],
+}
 
 
 def rllib_atari_ppo() -> Any:
@@ -248,14 +254,7 @@ def rllib_atari_ppo() -> Any:
             grad_clip=100.0,
             grad_clip_by="global_norm",
         )
-        .rl_module(
-            model_config={
-                "vf_share_layers": True,
-                "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
-                "conv_activation": "relu",
-                "head_fcnet_hiddens": [256],
-            }
-        )
+        .rl_module(model_config=PONG_MODEL)
     )
 
 
@@ -284,14 +283,7 @@ def rllib_pong_appo() -> Any:
             circular_buffer_num_batches=4,
             circular_buffer_iterations_per_batch=2,
         )
-        .rl_module(
-            model_config={
-                "vf_share_layers": True,
-                "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
-                "conv_activation": "relu",
-                "head_fcnet_hiddens": [256],
-            }
-        )
+        .rl_module(model_config=PONG_MODEL)
     )
 
 
