@@ -42,5 +42,5 @@ class Catch(gym.Env):
         grid[self.size - 1, self.paddle] = 255
         return np.kron(grid, np.ones((self.cell, self.cell), np.uint8))[None]
 
-    def render(self) -> np.ndarray:  # type: ignore[override]  # rgb_array: always one frame
+    def render(self) -> np.ndarray:  # type: ignore[override, unused-ignore]  # rgb_array: always one frame
         return np.repeat(self._image()[0][..., None], 3, axis=2)

@@ -112,7 +112,8 @@ class NatureCNN(nn.Module):
             channels = out_channels
         # channels-last: oneDNN's CPU convolutions run 1.15-1.5x faster on it (forward + backward, batch 256:
         # the 7x7-map Pong CNN 4,117 -> 6,003 samples/s, the Nature CNN at 84x84 1,116 -> 1,440)
-        self.conv = nn.Sequential(*layers, nn.Flatten()).to(memory_format=torch.channels_last)
+        # (torch's type stubs lack Module.to's memory_format keyword; the runtime takes it)
+        self.conv = nn.Sequential(*layers, nn.Flatten()).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         with torch.no_grad():
             flat = self.conv(self._frames(torch.zeros(1, *shape))).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, self.features), nn.ReLU())
