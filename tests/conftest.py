@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -8,6 +9,12 @@ import numpy as np
 import pytest
 
 from tianji.config import build_config
+
+# The tests press Ctrl-C themselves (SIGINT to a run's process group). A suite started in the background by a
+# non-interactive shell inherits SIGINT ignored, and so would every process it starts: catch it here instead
+# (a caught signal, unlike an ignored one, is back to its default in a child after exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class FakeVectorEnv:

@@ -51,6 +51,11 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
             {"train/clip_frac"},
         ),
         (
+            "cartpole-ppo",
+            ["algo.proximal=true", "algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            {"train/clip_frac", "train/rho_mean", "train/rho_clipped"},
+        ),
+        (
             "cartpole-impala",
             ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
             {"train/rho_mean", "train/rho_clipped"},

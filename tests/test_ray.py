@@ -195,6 +195,7 @@ def test_atari_fragments_cross_nodes_as_uint8_frames(two_nodes, tmp_path):
         "stop.target_return=null",
         "stop.max_env_steps=8192",
         "topology.envs_per_actor=8",
+        "topology.fragment_length=32",  # 32 fragments of 256 frames in the budget (the preset's 128 would give 8)
     )
     run_dir, summary = train(cfg, "ray")
     assert summary["fragments_over_network"] == summary["fragments_trained"] >= 8, summary
@@ -312,26 +313,6 @@ def test_dqn_with_two_learners_on_two_nodes_reaches_its_target(two_nodes, tmp_pa
     assert_group_measured_across_nodes(summary, capsys)
 
 
-def test_a_local_ray_instance_runs_the_same_config(tmp_path):
-    """No address: a Ray instance for this run only, on loopback; the learner's checkpoint comes back
-    to the driver, and the same actors share memory with it. (Last in this module: after a local
-    instance has shut down, Ray cannot create actors on another cluster from the same process.)"""
-    if ray.is_initialized():
-        ray.shutdown()
-    cfg = load_config(
-        "cartpole-ppo",
-        [
-            f"logging.run_root={tmp_path}",
-            "logging.console=false",
-            "stop.target_return=null",
-            "stop.max_env_steps=20000",
-        ],
-    )
-    run_dir, summary = train(cfg, "ray")
-    assert summary["env_steps"] >= 20000 and summary["fragments_over_network"] == 0
-    assert not ray.is_initialized()
-
-
 def test_a_cut_link_to_the_other_node_heals_and_the_run_reaches_its_target(two_nodes, tmp_path, monkeypatch):
     """Actors on the worker node reach their learner through a TCP proxy the test controls; the proxy cuts
     every link for 20 s, then lets them through again. The run trains on with the actor on the learner's node,
@@ -398,3 +379,23 @@ def test_a_cut_link_to_the_other_node_heals_and_the_run_reaches_its_target(two_n
 def latest_version(run_dir) -> int:
     rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
     return int(float(rows[-1]["balance/policy_version"])) if rows else -1
+
+
+def test_a_local_ray_instance_runs_the_same_config(tmp_path):
+    """No address: a Ray instance for this run only, on loopback; the learner's checkpoint comes back
+    to the driver, and the same actors share memory with it. (Last in this module: after a local
+    instance has shut down, Ray cannot create actors on another cluster from the same process.)"""
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = load_config(
+        "cartpole-ppo",
+        [
+            f"logging.run_root={tmp_path}",
+            "logging.console=false",
+            "stop.target_return=null",
+            "stop.max_env_steps=20000",
+        ],
+    )
+    run_dir, summary = train(cfg, "ray")
+    assert summary["env_steps"] >= 20000 and summary["fragments_over_network"] == 0
+    assert not ray.is_initialized()
