@@ -6,8 +6,9 @@ run's shared-memory files each minute; reports growth after a warm-up.
     python benchmarks/soak.py --judge benchmarks/results/soak-pong.json [--window 5]   # judge again, no run
 
 Goals: resident memory of every role grows < --max-growth (5 %) between the end of the warm-up and the
-end (medians of --window samples at each end: one sample swings with the allocator); open file descriptors and /dev/shm usage do not grow. Role restarts are followed (roles.json). The run
-trains with no target, so it lasts the whole soak; `--run-dir` keeps it (its learning curve is an ordinary
+end (medians of --window samples at each end: one sample swings with the allocator); open file
+descriptors and /dev/shm usage do not grow. Role restarts are followed (roles.json). The run trains
+with no target, so it lasts the whole soak; `--run-dir` keeps it (its learning curve is an ordinary
 run's). `--out` writes the samples and the growth as JSON and a table as Markdown.
 """
 
