@@ -228,20 +228,30 @@ PONG_MODEL = {  # the network of both of RLlib's tuned Pong examples
 }
 
 
+def stack_four_frames_on_runners(env: Any, spaces: Any = None, device: Any = None) -> Any:
+    """RLlib's Pong examples stack 4 frames in connectors: on the env runners ..."""
+    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+
+    return FrameStackingEnvToModule(num_frames=4)
+
+
+def stack_four_frames_on_learner(obs_space: Any, act_space: Any) -> Any:
+    """... and again on the learner."""
+    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
+
+    return FrameStackingLearner(num_frames=4)
+
+
 def rllib_atari_ppo() -> Any:
     """rllib/tuned_examples/ppo/atari_ppo.py; its learning rate is 0.00015 x GPUs: 0.00015 here (one GPU's)."""
     from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
-    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
 
     return (
         PPOConfig()
         .environment(register_pong(), env_config=PONG_ENV_CONFIG, clip_rewards=True)
-        .env_runners(
-            env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=4)
-        )
+        .env_runners(env_to_module_connector=stack_four_frames_on_runners)
         .training(
-            learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=4),
+            learner_connector=stack_four_frames_on_learner,
             train_batch_size_per_learner=4000,
             minibatch_size=128,
             lambda_=0.95,
@@ -261,19 +271,17 @@ def rllib_atari_ppo() -> Any:
 def rllib_pong_appo() -> Any:
     """rllib/tuned_examples/appo/pong_appo.py (64x64 frames, one learner: lr 0.0005)."""
     from ray.rllib.algorithms.appo import APPOConfig
-    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
-    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
 
     return (
         APPOConfig()
         .environment(register_pong(dim=64), env_config=PONG_ENV_CONFIG, clip_rewards=True)
         .env_runners(
-            env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=4),
+            env_to_module_connector=stack_four_frames_on_runners,
             num_envs_per_env_runner=2,
         )
         .learners(num_aggregator_actors_per_learner=2)
         .training(
-            learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=4),
+            learner_connector=stack_four_frames_on_learner,
             train_batch_size_per_learner=500,
             target_network_update_freq=2,
             lr=0.0005,
