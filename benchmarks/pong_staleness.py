@@ -1,14 +1,18 @@
 """The paper's staleness ablation on Pong: every setting equal except the policy-lag bound.
 
-    python benchmarks/pong_staleness.py [--preset pong-ppo] [--bounds 0 1 2 4 8] [--seeds 1] [--two-seeds 0 3]
-                                        [--correction on off] [--max-env-steps 2500000] [--minutes 40]
+    python benchmarks/pong_staleness.py [--preset pong-ppo] [--bounds 0 1 2 4 8] [--seeds 1] [--two-seeds 0 4]
+                                        [--correction on off] [--inflight 2] [--actors-for 8:4]
+                                        [--max-env-steps 1100000] [--minutes 40]
 
 Each run is one `tianji train PRESET --set balance.max_policy_lag=B` command (with
 `algo.proximal` on or off: the stale-fragment correction), one after another, never two at once.
 Enough fragments may be in flight to reach the bound (`balance.max_inflight`, and `--actors-for B:N`
-gives a bound more actors). The table reports, per run, the lag measured, the env steps and the minutes
-to a 100-episode mean of -15, 0, 12 and 18 (where reached within the budget), and how many env steps
-each run needed relative to the synchronous one (bound 0) of the same correction and seed.
+gives a bound more actors). The table reports, per run and within the budget, the lag measured, the env
+steps and the minutes to a 100-episode mean of -15, -10, -5, 0, 12 and 18 (where reached), the mean at
+fixed env steps, and how many env steps each run needed relative to the synchronous one (bound 0) of the
+same seed; the verdict lines say whether each bound is within 10 % of it (median over seeds) and how far
+its curve is from the synchronous one, in game points, averaged over the budget. A run directory may
+also be a link to another finished run of the same settings (the zoo's run of the preset, for its bound).
 Runs already finished (their summary.json exists) are read, not run again, so the script can be
 stopped and restarted; the table also shows every other finished run under --run-root, so invocations
 with different bounds or corrections add up. Results: benchmarks/results/pong-staleness.{md,json,png}.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -27,7 +32,10 @@ from pathlib import Path
 
 from common import train_command
 
-THRESHOLDS = (-15.0, 0.0, 12.0, 18.0)
+THRESHOLDS = (-15.0, -10.0, -5.0, 0.0, 12.0, 18.0)
+CHECKPOINTS_M = (0.6, 0.8, 1.0)  # env steps (millions) at which the table shows each run's score
+GRID_M = tuple(round(0.1 * i, 1) for i in range(2, 12))  # where two curves are compared point by point
+BUDGET_SLACK = 1.02  # a run stops at the first metrics row past its budget
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -56,41 +64,60 @@ def train(preset: str, run_dir: Path, bound: int, correction: str, seed: int, ar
         subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)
 
 
-def curve(run_dir: Path) -> list[tuple[float, int, float]]:
-    """(seconds, env steps, 100-episode mean) of every metrics row with a score."""
+def metric_rows(run_dir: Path, max_env_steps: float) -> list[dict]:
+    """The run's metrics rows up to the budget (runs taken from elsewhere, e.g. the zoo's, went on)."""
     with open(run_dir / "metrics.csv", newline="") as f:
-        return [
-            (float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"]))
-            for r in csv.DictReader(f)
-            if r["env/return_mean100"] not in ("", "nan")
-        ]
+        return [r for r in csv.DictReader(f) if float(r["env_steps"]) <= max_env_steps * BUDGET_SLACK]
+
+
+def curve(rows: list[dict]) -> list[tuple[float, int, float]]:
+    """(seconds, env steps, 100-episode mean) of every metrics row with a score."""
+    return [
+        (float(r["time_s"]), int(float(r["env_steps"])), float(r["env/return_mean100"]))
+        for r in rows
+        if r["env/return_mean100"] not in ("", "nan")
+    ]
+
+
+def column(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) not in (None, "", "nan")]
+
+
+def score_at(points: list[tuple[float, int, float]], env_steps: float) -> float | None:
+    """The 100-episode mean at the last metrics row at or before env_steps."""
+    before = [score for _, steps, score in points if steps <= env_steps]
+    return before[-1] if before and points[-1][1] >= env_steps * 0.98 else None
 
 
 def first_reaching(points: list[tuple[float, int, float]], threshold: float) -> tuple[float, int] | None:
     return next(((t, steps) for t, steps, score in points if score >= threshold), None)
 
 
-def describe(run_dir: Path, bound: int, correction: str, seed: int) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    points = curve(run_dir)
+def describe(run_dir: Path, bound: int, correction: str, seed: int, max_env_steps: float) -> dict:
+    """One run within the budget: lag, speed, env steps and minutes to each threshold, score at checkpoints."""
+    rows = metric_rows(run_dir, max_env_steps)
+    points = curve(rows)
+    last = rows[-1]
     reached = {str(int(x)): first_reaching(points, x) for x in THRESHOLDS}
+    lag_means = column(rows, "balance/lag_mean")
     return {
         "run": run_dir.name,
         "bound": bound,
         "correction": correction,
         "seed": seed,
-        "lag_mean": summary.get("policy_lag_mean"),
-        "lag_max": summary.get("policy_lag_max"),
-        "fragments_dropped": summary.get("fragments_dropped"),
-        "env_steps": summary.get("env_steps"),
-        "wall_time_s": summary.get("wall_time_s"),
-        "env_steps_per_s": summary["env_steps"] / max(summary["wall_time_s"], 1e-9),
+        "lag_mean": statistics.fmean(lag_means) if lag_means else 0.0,
+        "lag_max": int(max(column(rows, "balance/lag_max"), default=0)),
+        "fragments_dropped": int(float(last["balance/fragments_dropped"] or 0)),
+        "env_steps": int(float(last["env_steps"])),
+        "wall_time_s": float(last["time_s"]),
+        "env_steps_per_s": float(last["env_steps"]) / max(float(last["time_s"]), 1e-9),
         "final_score": points[-1][2] if points else None,
+        "score_at": {f"{m:g}M": score_at(points, m * 1e6) for m in sorted({*CHECKPOINTS_M, *GRID_M})},
         "reached": {k: (None if v is None else {"minutes": v[0] / 60, "env_steps": v[1]}) for k, v in reached.items()},
     }
 
 
-def earlier_runs(run_root: Path, taken: set[str]) -> list[dict]:
+def earlier_runs(run_root: Path, taken: set[str], max_env_steps: float) -> list[dict]:
     """Finished runs of earlier invocations (other bounds, seeds or corrections), so that the table grows
     across invocations instead of showing only the last one's runs."""
     rows = []
@@ -98,58 +125,108 @@ def earlier_runs(run_root: Path, taken: set[str]) -> list[dict]:
         if run_dir.name in taken or not (run_dir / "summary.json").exists():
             continue
         bound, correction, seed = run_dir.name.split("-")
-        rows.append(describe(run_dir, int(bound[len("lag") :]), correction, int(seed[len("s") :])))
+        rows.append(describe(run_dir, int(bound[len("lag") :]), correction, int(seed[len("s") :]), max_env_steps))
     return rows
 
 
 def relative_to_synchronous(rows: list[dict]) -> None:
-    """Each run's env steps to each threshold / the synchronous run's of the same seed (with no lag the
-    correction changes nothing: one synchronous run serves both)."""
+    """Each run's env steps to each threshold / the synchronous run's of the same seed, and its score minus
+    the synchronous run's averaged over the env-step grid (with no lag the correction changes nothing:
+    one synchronous run serves both)."""
     sync = {r["seed"]: r for r in rows if r["bound"] == 0}
     for row in rows:
         base = sync.get(row["seed"])
         row["steps_vs_sync"] = {}
+        row["score_gap"] = None
+        if base is None:
+            continue
         for key, hit in row["reached"].items():
-            if base is None or hit is None or base["reached"][key] is None:
-                continue
-            row["steps_vs_sync"][key] = hit["env_steps"] / base["reached"][key]["env_steps"]
+            if hit is not None and base["reached"][key] is not None:
+                row["steps_vs_sync"][key] = hit["env_steps"] / base["reached"][key]["env_steps"]
+        gaps = [
+            row["score_at"][k] - base["score_at"][k]
+            for k in (f"{m:g}M" for m in GRID_M)
+            if row["score_at"].get(k) is not None and base["score_at"].get(k) is not None
+        ]
+        row["score_gap"] = statistics.fmean(gaps) if gaps else None
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     def cell(hit: dict | None) -> str:
         return "-" if hit is None else f"{hit['env_steps'] / 1e6:.2f}M / {hit['minutes']:.1f} min"
 
+    def number(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    keys = [str(int(x)) for x in THRESHOLDS]
     lines = [
         f"# Pong: policy-lag bound ablation (`{args.preset}`)",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {_cores()} cores; {time.strftime('%Y-%m-%d')}. "
         f"Budget per run: {args.max_env_steps / 1e6:.1f}M env steps or {args.minutes:.0f} minutes. "
-        "Every setting equal except the bound (and the correction); runs one at a time.",
+        "Every setting equal except the bound (and the correction); runs one at a time. "
+        "Env steps / minutes to each 100-episode mean, and the mean at fixed env steps.",
         "",
-        "| run | bound | correction | lag mean / max | dropped | env steps/s | -15 | 0 | 12 | 18 | final | "
-        "env steps vs bound 0 (to -15 / 0 / 12 / 18) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | bound | correction | lag mean / max | dropped | env steps/s | "
+        + " | ".join(keys)
+        + " | "
+        + " | ".join(f"at {m:g}M" for m in CHECKPOINTS_M)
+        + " | env steps vs bound 0 (to "
+        + " / ".join(keys)
+        + ") |",
+        "|" + "---|" * (7 + len(keys) + len(CHECKPOINTS_M)),
     ]
     for r in sorted(rows, key=lambda r: (r["correction"], r["bound"], r["seed"])):
-        ratios = " / ".join(
-            f"{r['steps_vs_sync'][k]:.2f}" if k in r.get("steps_vs_sync", {}) else "-" for k in ("-15", "0", "12", "18")
-        )
+        ratios = " / ".join(f"{r['steps_vs_sync'][k]:.2f}" if k in r.get("steps_vs_sync", {}) else "-" for k in keys)
         lines.append(
             f"| {r['run']} | {r['bound']} | {r['correction']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
             f"{r['fragments_dropped']} | {r['env_steps_per_s']:,.0f} | "
-            + " | ".join(cell(r["reached"][k]) for k in ("-15", "0", "12", "18"))
-            + f" | {r['final_score']:.1f} | {ratios} |"
+            + " | ".join(cell(r["reached"][k]) for k in keys)
+            + " | "
+            + " | ".join(number(r["score_at"][f"{m:g}M"]) for m in CHECKPOINTS_M)
+            + f" | {ratios} |"
         )
+    lines += ["", *verdict(rows)]
     return "\n".join(lines) + "\n"
 
 
-def _cores() -> int:
-    import os
+def verdict(rows: list[dict]) -> list[str]:
+    """Per bound and correction: the median over seeds of env steps to each threshold relative to bound 0's,
+    and whether every one is within 10 % (the issue's bar for "stale fragments cost nothing")."""
+    ratios: dict[tuple[str, int], dict[str, list[float]]] = {}
+    gaps: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["bound"] == 0:
+            continue
+        for key, ratio in r.get("steps_vs_sync", {}).items():
+            ratios.setdefault((r["correction"], r["bound"]), {}).setdefault(key, []).append(ratio)
+        if r.get("score_gap") is not None:
+            gaps.setdefault((r["correction"], r["bound"]), []).append(r["score_gap"])
+    lines = []
+    for (correction, bound), by_key in sorted(ratios.items()):
+        medians = {key: statistics.median(values) for key, values in by_key.items()}
+        within = all(m <= 1.10 for m in medians.values())
+        shown = ", ".join(f"{key}: {m:.2f}" for key, m in medians.items())
+        gap = gaps.get((correction, bound))
+        lines.append(
+            f"- bound {bound}, correction {correction}: env steps to each score vs synchronous, median over "
+            f"{len(gap or [])} seed(s) ({shown}): "
+            + ("within 10 %" if within else "NOT within 10 %")
+            + (
+                ""
+                if not gap
+                else f"; score minus synchronous's, averaged over {GRID_M[0]:g}-{GRID_M[-1]:g}M env "
+                f"steps: {statistics.median(gap):+.1f} points"
+            )
+        )
+    return lines
 
+
+def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def figure(rows: list[dict], run_root: Path, out: Path) -> None:
+def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +236,7 @@ def figure(rows: list[dict], run_root: Path, out: Path) -> None:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     bounds = sorted({r["bound"] for r in rows})
     for r in rows:
-        points = curve(run_root / r["run"])
+        points = curve(metric_rows(run_root / r["run"], max_env_steps))
         colour = colours[bounds.index(r["bound"]) % len(colours)]
         style = "-" if r["correction"] == "on" else ":"
         label = f"lag <= {r['bound']}, correction {r['correction']}, seed {r['seed']}"
@@ -182,18 +259,18 @@ def main() -> None:
     parser.add_argument("--preset", default="pong-ppo")
     parser.add_argument("--bounds", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     parser.add_argument("--seeds", type=int, default=1, help="seeds per bound")
-    parser.add_argument("--two-seeds", type=int, nargs="*", default=[0], help="bounds run with 2 seeds")
+    parser.add_argument("--two-seeds", type=int, nargs="*", default=[0, 4], help="bounds run with 2 seeds")
     parser.add_argument("--correction", nargs="+", choices=["on", "off"], default=["on"])
-    parser.add_argument("--inflight", type=int, default=4, help="balance.max_inflight of every run")
+    parser.add_argument("--inflight", type=int, default=2, help="balance.max_inflight of every run (the preset's 2)")
     parser.add_argument(
         "--actors-for",
         type=lambda s: tuple(int(x) for x in s.split(":")),
         nargs="*",
-        default=[],
+        default=[(8, 4)],
         metavar="BOUND:ACTORS",
         help="topology.actors for a bound (to reach it)",
     )
-    parser.add_argument("--max-env-steps", type=int, default=2_500_000)
+    parser.add_argument("--max-env-steps", type=int, default=1_100_000, help="each run's budget")
     parser.add_argument("--minutes", type=float, default=40.0)
     parser.add_argument("--run-root", default="runs/pong-staleness")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
@@ -213,24 +290,16 @@ def main() -> None:
                     if run_dir.exists():
                         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
                     train(args.preset, run_dir, bound, correction, seed, args)
-                rows.append(describe(run_dir, bound, correction, seed))
+                rows.append(describe(run_dir, bound, correction, seed, args.max_env_steps))
                 print(f"{run_dir.name}: {rows[-1]['reached']}", flush=True)
-    rows += earlier_runs(run_root, {r["run"] for r in rows})
+    rows += earlier_runs(run_root, {r["run"] for r in rows}, args.max_env_steps)
     relative_to_synchronous(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"preset": args.preset, "runs": rows}, indent=2))
     out.with_suffix(".md").write_text(table(rows, args))
-    figure(rows, run_root, out.with_suffix(".png"))
+    figure(rows, run_root, out.with_suffix(".png"), args.max_env_steps)
     print(table(rows, args))
-    medians = {}
-    for r in rows:
-        for key, ratio in r.get("steps_vs_sync", {}).items():
-            medians.setdefault((r["correction"], r["bound"], key), []).append(ratio)
-    for (correction, bound, key), ratios in sorted(medians.items()):
-        print(
-            f"correction {correction} bound {bound}: env steps to {key} vs synchronous {statistics.median(ratios):.2f}"
-        )
 
 
 if __name__ == "__main__":
