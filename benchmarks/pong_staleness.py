@@ -13,7 +13,7 @@ fixed env steps, and how many env steps each run needed relative to the synchron
 same seed; the verdict lines say whether each bound is within 10 % of it (median over seeds) and how far
 its curve is from the synchronous one, in game points, averaged over the budget. A run directory may
 also be a link to another finished run of the same settings (the zoo's run of the preset, for its bound).
-Runs already finished (their summary.json exists) are read, not run again, so the script can be
+Runs already finished (stopped by their own budget, or interrupted past it) are read, not run again, so the script can be
 stopped and restarted; the table also shows every other finished run under --run-root, so invocations
 with different bounds or corrections add up. Results: benchmarks/results/pong-staleness.{md,json,png}.
 """
@@ -93,6 +93,15 @@ def first_reaching(points: list[tuple[float, int, float]], threshold: float) -> 
     return next(((t, steps) for t, steps, score in points if score >= threshold), None)
 
 
+def finished(run_dir: Path, max_env_steps: float) -> bool:
+    """A run counts once it stopped by itself, or was interrupted (Ctrl-C, a session's end) after its budget."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return False
+    summary = json.loads(summary_path.read_text())
+    return summary.get("stop_reason") != "interrupted" or summary["env_steps"] >= max_env_steps
+
+
 def describe(run_dir: Path, bound: int, correction: str, seed: int, max_env_steps: float) -> dict:
     """One run within the budget: lag, speed, env steps and minutes to each threshold, score at checkpoints."""
     rows = metric_rows(run_dir, max_env_steps)
@@ -122,7 +131,7 @@ def earlier_runs(run_root: Path, taken: set[str], max_env_steps: float) -> list[
     across invocations instead of showing only the last one's runs."""
     rows = []
     for run_dir in sorted(run_root.glob("lag*-*-s*")):
-        if run_dir.name in taken or not (run_dir / "summary.json").exists():
+        if run_dir.name in taken or not finished(run_dir, max_env_steps):
             continue
         bound, correction, seed = run_dir.name.split("-")
         rows.append(describe(run_dir, int(bound[len("lag") :]), correction, int(seed[len("s") :]), max_env_steps))
@@ -285,7 +294,7 @@ def main() -> None:
                 continue  # synchronous: the correction is PPO exactly, the first run serves both
             for seed in range(args.seeds + (1 if bound in args.two_seeds and args.seeds < 2 else 0)):
                 run_dir = run_root / run_name(bound, correction, seed)
-                if not (run_dir / "summary.json").exists():
+                if not finished(run_dir, args.max_env_steps):
                     print(f"{run_dir.name}: training ...", flush=True)
                     if run_dir.exists():
                         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
