@@ -13,8 +13,8 @@ fixed env steps, and how many env steps each run needed relative to the synchron
 same seed; the verdict lines say whether each bound is within 10 % of it (median over seeds) and how far
 its curve is from the synchronous one, in game points, averaged over the budget. A run directory may
 also be a link to another finished run of the same settings (the zoo's run of the preset, for its bound).
-Runs already finished (stopped by their own budget, or interrupted past it) are read, not run again, so the script can be
-stopped and restarted; the table also shows every other finished run under --run-root, so invocations
+Runs already finished (stopped by their own budget, or interrupted past it) are read, not run again,
+so the script can be stopped and restarted; the table also shows every other finished run under --run-root, so invocations
 with different bounds or corrections add up. Results: benchmarks/results/pong-staleness.{md,json,png}.
 """
 
