@@ -15,7 +15,8 @@ its curve is from the synchronous one, in game points, averaged over the budget.
 also be a link to another finished run of the same settings (the zoo's run of the preset, for its bound).
 Runs already finished (stopped by their own budget, or interrupted past it) are read, not run again,
 so the script can be stopped and restarted; the table also shows every other finished run under
---run-root, so invocations with different bounds or corrections add up. Results: benchmarks/results/pong-staleness.{md,json,png}.
+--run-root, so invocations with different bounds or corrections add up.
+Results: benchmarks/results/pong-staleness.{md,json,png}.
 """
 
 from __future__ import annotations
