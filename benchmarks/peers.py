@@ -15,6 +15,9 @@ Runs interleave (TianJi, RLlib, SB3, TianJi, ...), one at a time, each a fresh c
 - pong-ppo, pong-appo: score and env steps at the cap, and the time to the first of -15, 0, 12 and 18 each
   reaches (Stable-Baselines3 has no APPO).
 
+Runs finished in an earlier sitting (same --work) are read, not run again, so a sitting can be split:
+the CartPole and Acrobot rows one day, Pong another, then the whole table from one invocation.
+
 Writes a table (median wall time and spread, env steps, env steps/s, each peer's time over TianJi's) with
 the machine and every system's version to OUT.md and OUT.json.
 """
@@ -61,9 +64,10 @@ def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]
     settings = [f"seed={seed}", f"stop.max_wall_time_s={cap_s}", "checkpoint.interval_s=600"]
     if is_pong(task):
         settings += ["stop.target_return=18", "logging.interval_s=10"]
-    command = train_command(TIANJI_PRESETS[task], run_dir, *settings)
-    with open(run_dir.with_suffix(".log"), "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    if not finished(run_dir):
+        command = train_command(TIANJI_PRESETS[task], run_dir, *settings)
+        with open(run_dir.with_suffix(".log"), "w") as log:
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     points = tianji_points(run_dir, task)
     reached = bool(summary["target_reached"])
@@ -75,6 +79,12 @@ def run_tianji(task: str, seed: int, cap_s: float, work: Path) -> dict[str, Any]
         "thresholds": thresholds_of(points),
         "points": points,
     }
+
+
+def finished(run_dir: Path) -> bool:
+    """A TianJi run of an earlier sitting that ended by itself (target or cap), not by an interruption."""
+    summary = run_dir / "summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("stop_reason") != "interrupted"
 
 
 def is_pong(task: str) -> bool:
@@ -116,6 +126,8 @@ def run_peer(system: str, task: str, seed: int, cap_s: float, work: Path) -> dic
         "--out",
         str(out),
     ]
+    if out.exists():  # finished in an earlier sitting (peers_run.py writes it only at the end)
+        return load_peer_result(out)
     with open(out.with_suffix(".log"), "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=cap_s + 600)
     if done.returncode != 0 or not out.exists():
@@ -128,7 +140,11 @@ def run_peer(system: str, task: str, seed: int, cap_s: float, work: Path) -> dic
             "points": [],
             "error": f"exit code {done.returncode}; see {out.with_suffix('.log')}",
         }
-    result = json.loads(out.read_text())
+    return load_peer_result(out)
+
+
+def load_peer_result(path: Path) -> dict[str, Any]:
+    result = json.loads(path.read_text())
     result["thresholds"] = {k: tuple(v) for k, v in result["thresholds"].items()}
     return result
 
