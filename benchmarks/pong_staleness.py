@@ -139,6 +139,19 @@ def earlier_runs(run_root: Path, taken: set[str], max_env_steps: float) -> list[
     return rows
 
 
+def steps_ratio(row: dict, base: dict, key: str) -> tuple[float, str] | None:
+    """Env steps to a score, this run's over the synchronous run's, and "" when both reached it; when only
+    one did, the bound its budget gives: "<" (the synchronous run would need more than it ran) or ">"."""
+    hit, base_hit = row["reached"][key], base["reached"][key]
+    if hit is not None and base_hit is not None:
+        return hit["env_steps"] / base_hit["env_steps"], ""
+    if hit is not None:
+        return hit["env_steps"] / base["env_steps"], "<"
+    if base_hit is not None:
+        return row["env_steps"] / base_hit["env_steps"], ">"
+    return None
+
+
 def relative_to_synchronous(rows: list[dict]) -> None:
     """Each run's env steps to each threshold / the synchronous run's of the same seed, and its score minus
     the synchronous run's averaged over the env-step grid (with no lag the correction changes nothing:
@@ -150,9 +163,10 @@ def relative_to_synchronous(rows: list[dict]) -> None:
         row["score_gap"] = None
         if base is None:
             continue
-        for key, hit in row["reached"].items():
-            if hit is not None and base["reached"][key] is not None:
-                row["steps_vs_sync"][key] = hit["env_steps"] / base["reached"][key]["env_steps"]
+        for key in row["reached"]:
+            ratio = steps_ratio(row, base, key)
+            if ratio is not None:
+                row["steps_vs_sync"][key] = ratio
         gaps = [
             row["score_at"][k] - base["score_at"][k]
             for k in (f"{m:g}M" for m in GRID_M)
@@ -187,7 +201,7 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         "|" + "---|" * (7 + len(keys) + len(CHECKPOINTS_M)),
     ]
     for r in sorted(rows, key=lambda r: (r["correction"], r["bound"], r["seed"])):
-        ratios = " / ".join(f"{r['steps_vs_sync'][k]:.2f}" if k in r.get("steps_vs_sync", {}) else "-" for k in keys)
+        ratios = " / ".join(ratio_text(r["steps_vs_sync"].get(k)) for k in keys)
         lines.append(
             f"| {r['run']} | {r['bound']} | {r['correction']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
             f"{r['fragments_dropped']} | {r['env_steps_per_s']:,.0f} | "
@@ -196,14 +210,19 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
             + " | ".join(number(r["score_at"][f"{m:g}M"]) for m in CHECKPOINTS_M)
             + f" | {ratios} |"
         )
-    lines += ["", *verdict(rows)]
+    lines += ["", *verdict(rows), *noise_floor(rows)]
     return "\n".join(lines) + "\n"
 
 
+def ratio_text(ratio: tuple[float, str] | None) -> str:
+    return "-" if ratio is None else f"{ratio[1]}{ratio[0]:.2f}"
+
+
 def verdict(rows: list[dict]) -> list[str]:
-    """Per bound and correction: the median over seeds of env steps to each threshold relative to bound 0's,
-    and whether every one is within 10 % (the issue's bar for "stale fragments cost nothing")."""
-    ratios: dict[tuple[str, int], dict[str, list[float]]] = {}
+    """Per bound and correction: env steps to each threshold relative to bound 0's, per seed, and whether
+    their median is within 10 % for every threshold (the issue's bar for "stale fragments cost nothing");
+    "<" and ">" mark bounds where only one of the two runs reached a score within the budget."""
+    ratios: dict[tuple[str, int], dict[str, list[tuple[float, str]]]] = {}
     gaps: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         if r["bound"] == 0:
@@ -214,22 +233,47 @@ def verdict(rows: list[dict]) -> list[str]:
             gaps.setdefault((r["correction"], r["bound"]), []).append(r["score_gap"])
     lines = []
     for (correction, bound), by_key in sorted(ratios.items()):
-        medians = {key: statistics.median(values) for key, values in by_key.items()}
-        within = all(m <= 1.10 for m in medians.values())
-        shown = ", ".join(f"{key}: {m:.2f}" for key, m in medians.items())
-        gap = gaps.get((correction, bound))
+        within = all(statistics.median(value for value, _ in values) <= 1.10 for values in by_key.values())
+        shown = "; ".join(f"{key}: {', '.join(ratio_text(v) for v in values)}" for key, values in by_key.items())
+        gap = gaps.get((correction, bound), [])
         lines.append(
-            f"- bound {bound}, correction {correction}: env steps to each score vs synchronous, median over "
-            f"{len(gap or [])} seed(s) ({shown}): "
+            f"- bound {bound}, correction {correction}, {len(gap)} seed(s): env steps to each score over the "
+            f"synchronous run's ({shown}): median "
             + ("within 10 %" if within else "NOT within 10 %")
             + (
-                ""
-                if not gap
-                else f"; score minus synchronous's, averaged over {GRID_M[0]:g}-{GRID_M[-1]:g}M env "
-                f"steps: {statistics.median(gap):+.1f} points"
+                f"; score minus the synchronous run's, averaged over {GRID_M[0]:g}-{GRID_M[-1]:g}M env steps: "
+                + ", ".join(f"{g:+.1f}" for g in gap)
+                + " points"
+                if gap
+                else ""
             )
         )
     return lines
+
+
+def noise_floor(rows: list[dict]) -> list[str]:
+    """How far apart two seeds of the same synchronous configuration land: the resolution of the verdicts above."""
+    sync = sorted((r for r in rows if r["bound"] == 0), key=lambda r: r["seed"])
+    if len(sync) < 2:
+        return []
+    a, b = sync[:2]
+    ratios = ", ".join(
+        f"{key}: {b['reached'][key]['env_steps'] / a['reached'][key]['env_steps']:.2f}"
+        for key in a["reached"]
+        if a["reached"][key] is not None and b["reached"][key] is not None
+    )
+    missed = [key for key in a["reached"] if (a["reached"][key] is None) != (b["reached"][key] is None)]
+    gaps = [
+        b["score_at"][k] - a["score_at"][k]
+        for k in (f"{m:g}M" for m in GRID_M)
+        if a["score_at"].get(k) is not None and b["score_at"].get(k) is not None
+    ]
+    return [
+        f"- noise floor: bound 0 seed {b['seed']} against seed {a['seed']}, same configuration: env steps to each "
+        f"score ({ratios})"
+        + (f", {' and '.join(missed)} reached by one seed only" if missed else "")
+        + (f"; score gap averaged over the budget {statistics.fmean(gaps):+.1f} points" if gaps else "")
+    ]
 
 
 def _cores() -> int:
