@@ -280,7 +280,7 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float) -> None:
+def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, preset: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,7 +292,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float) ->
     for r in rows:
         points = curve(metric_rows(run_root / r["run"], max_env_steps))
         colour = colours[bounds.index(r["bound"]) % len(colours)]
-        style = "-" if r["correction"] == "on" else ":"
+        style = ":" if r["correction"] == "off" else ("-" if r["seed"] == 0 else "--")  # seeds, correction apart
         label = f"lag <= {r['bound']}, correction {r['correction']}, seed {r['seed']}"
         axes[0].plot([p[1] / 1e6 for p in points], [p[2] for p in points], style, color=colour, label=label)
         axes[1].plot([p[0] / 60 for p in points], [p[2] for p in points], style, color=colour, label=label)
@@ -303,6 +303,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float) ->
         for threshold in THRESHOLDS:
             ax.axhline(threshold, color="grey", linewidth=0.5)
     axes[0].legend(fontsize="x-small")
+    fig.suptitle(f"{preset}: policy-lag bounds side by side (colour: bound; dashed: seed 1; dotted: no correction)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -352,7 +353,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"preset": args.preset, "runs": rows}, indent=2))
     out.with_suffix(".md").write_text(table(rows, args))
-    figure(rows, run_root, out.with_suffix(".png"), args.max_env_steps)
+    figure(rows, run_root, out.with_suffix(".png"), args.max_env_steps, args.preset)
     print(table(rows, args))
 
 
