@@ -152,6 +152,16 @@ def steps_ratio(row: dict, base: dict, key: str) -> tuple[float, str] | None:
     return None
 
 
+def mean_score_gap(row: dict, base: dict) -> float | None:
+    """row's 100-episode mean minus base's, averaged over the env-step grid points both runs reached."""
+    gaps = [
+        row["score_at"][k] - base["score_at"][k]
+        for k in (f"{m:g}M" for m in GRID_M)
+        if row["score_at"].get(k) is not None and base["score_at"].get(k) is not None
+    ]
+    return statistics.fmean(gaps) if gaps else None
+
+
 def relative_to_synchronous(rows: list[dict]) -> None:
     """Each run's env steps to each threshold / the synchronous run's of the same seed, and its score minus
     the synchronous run's averaged over the env-step grid (with no lag the correction changes nothing:
@@ -167,12 +177,7 @@ def relative_to_synchronous(rows: list[dict]) -> None:
             ratio = steps_ratio(row, base, key)
             if ratio is not None:
                 row["steps_vs_sync"][key] = ratio
-        gaps = [
-            row["score_at"][k] - base["score_at"][k]
-            for k in (f"{m:g}M" for m in GRID_M)
-            if row["score_at"].get(k) is not None and base["score_at"].get(k) is not None
-        ]
-        row["score_gap"] = statistics.fmean(gaps) if gaps else None
+        row["score_gap"] = mean_score_gap(row, base)
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
@@ -257,22 +262,15 @@ def noise_floor(rows: list[dict]) -> list[str]:
     if len(sync) < 2:
         return []
     a, b = sync[:2]
-    ratios = ", ".join(
-        f"{key}: {b['reached'][key]['env_steps'] / a['reached'][key]['env_steps']:.2f}"
-        for key in a["reached"]
-        if a["reached"][key] is not None and b["reached"][key] is not None
-    )
-    missed = [key for key in a["reached"] if (a["reached"][key] is None) != (b["reached"][key] is None)]
-    gaps = [
-        b["score_at"][k] - a["score_at"][k]
-        for k in (f"{m:g}M" for m in GRID_M)
-        if a["score_at"].get(k) is not None and b["score_at"].get(k) is not None
-    ]
+    both = {key: steps_ratio(b, a, key) for key in a["reached"]}
+    ratios = ", ".join(f"{key}: {r[0]:.2f}" for key, r in both.items() if r is not None and not r[1])
+    missed = [key for key, r in both.items() if r is not None and r[1]]
+    gap = mean_score_gap(b, a)
     return [
         f"- noise floor: bound 0 seed {b['seed']} against seed {a['seed']}, same configuration: env steps to each "
         f"score ({ratios})"
         + (f", {' and '.join(missed)} reached by one seed only" if missed else "")
-        + (f"; score gap averaged over the budget {statistics.fmean(gaps):+.1f} points" if gaps else "")
+        + (f"; score gap averaged over the budget {gap:+.1f} points" if gap is not None else "")
     ]
 
 
