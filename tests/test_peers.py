@@ -56,3 +56,53 @@ def test_peers_benchmark_at_its_smallest_writes_its_table(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {log: log.stat().st_mtime_ns for log in (tmp_path / "work").glob("*.log")} == logs
     assert out.with_suffix(".md").read_text().splitlines()[3:] == table.splitlines()[3:]
+
+
+def load_peers(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("peers_under_test", REPO / "benchmarks" / "peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_pong_run(run_dir: Path, curve: list[tuple[float, int, float]], summary: dict) -> None:
+    run_dir.mkdir(parents=True)
+    lines = ["time_s,env_steps,env/return_mean100"] + [f"{t},{s},{v}" for t, s, v in curve]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_longer_tianji_run_is_read_as_the_cap_saw_it(tmp_path, monkeypatch):
+    """A zoo run (60 minutes, reached 18 after 48) linked into --work is judged at a 30-minute cap from its
+    metrics: not reached, the score and env steps at 30 minutes, only the thresholds crossed by then."""
+    peers = load_peers(monkeypatch)
+    curve = [(600.0, 0.6e6, -15.0), (1200.0, 1.2e6, 0.5), (1790.0, 1.8e6, 11.0), (2400.0, 2.4e6, 15.0)]
+    summary = {
+        "target_reached": True,
+        "time_to_target_s": 2850.0,
+        "env_steps_to_target": 3_200_000,
+        "wall_time_s": 2851.0,
+        "env_steps": 3_201_000,
+        "stop_reason": "target_return",
+    }
+    fake_pong_run(tmp_path / "tianji-pong-ppo-s0", curve, summary)
+    assert peers.finished(tmp_path / "tianji-pong-ppo-s0", 1800.0)
+    run = peers.judge_at_cap(tmp_path / "tianji-pong-ppo-s0", "pong-ppo", 1800.0)
+    assert not run["reached"] and run["seconds"] == 1800.0
+    assert run["env_steps"] == 1_800_000 and run["final"] == 11.0
+    assert set(run["thresholds"]) == {"-15.0", "0.0"} and run["read_at_cap_from"] == "a 48-minute run"
+    row = peers.summarise("pong-ppo", "tianji", [run], 1800.0)
+    assert "read at the cap from a 48-minute run" in "\n".join(peers.pong_table("pong-ppo", [row]))
+
+    # interrupted before the cap: run again; interrupted after it (a soak run stopped by hand): read at the cap
+    interrupted = {**summary, "target_reached": False, "stop_reason": "interrupted", "wall_time_s": 900.0}
+    fake_pong_run(tmp_path / "short", curve[:1], interrupted)
+    assert not peers.finished(tmp_path / "short", 1800.0)
+    fake_pong_run(tmp_path / "long", curve, {**interrupted, "wall_time_s": 3600.0})
+    assert peers.finished(tmp_path / "long", 1800.0)
+
+    # a run that ended at its own cap is read as it is
+    fake_pong_run(tmp_path / "own", curve[:3], {**summary, "target_reached": False, "wall_time_s": 1795.0})
+    own = peers.judge_at_cap(tmp_path / "own", "pong-ppo", 1800.0)
+    assert own["seconds"] == 1795.0 and own["env_steps"] == 3_201_000 and "read_at_cap_from" not in own
