@@ -149,7 +149,7 @@ def run_peer(system: str, task: str, seed: int, cap_s: float, work: Path) -> dic
         str(out),
     ]
     if out.exists():  # finished in an earlier sitting (peers_run.py writes it only at the end)
-        return load_peer_result(out)
+        return load_peer_result(out, cap_s)
     with open(out.with_suffix(".log"), "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=cap_s + 600)
     if done.returncode != 0 or not out.exists():
@@ -162,12 +162,14 @@ def run_peer(system: str, task: str, seed: int, cap_s: float, work: Path) -> dic
             "points": [],
             "error": f"exit code {done.returncode}; see {out.with_suffix('.log')}",
         }
-    return load_peer_result(out)
+    return load_peer_result(out, cap_s)
 
 
-def load_peer_result(path: Path) -> dict[str, Any]:
+def load_peer_result(path: Path, cap_s: float) -> dict[str, Any]:
     result = json.loads(path.read_text())
     result["thresholds"] = {k: tuple(v) for k, v in result["thresholds"].items()}
+    if not result["reached"]:  # a miss counts as the cap (a peer checks its clock only between iterations)
+        result["seconds"] = cap_s
     return result
 
 

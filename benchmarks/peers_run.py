@@ -5,8 +5,10 @@ from this process's start, imports included, to the target or the cap. `benchmar
 
 Each peer trains with its own published tuned settings: RLlib's tuned examples (rllib/tuned_examples,
 written out below: the wheel does not ship them) and the rl-baselines3-zoo hyperparameter files (read from
-the installed rl_zoo3 package). Progress lines (seconds, env steps, the task's metric) go to stdout as JSON;
-the result (reached, seconds and env steps to it or to the cap, thresholds passed on the way) to --out.
+the installed rl_zoo3 package; its schedules run over its n_timesteps as published, then, short of the
+target, training goes on at their final values unless its learning rate ended at 0). Progress lines
+(seconds, env steps, the task's metric) go to stdout as JSON; the result (reached, seconds and env steps
+to it or to the cap, thresholds passed on the way) to --out.
 """
 
 from __future__ import annotations
@@ -54,13 +56,17 @@ class Progress:
             for threshold in (*self.thresholds, self.target):
                 if value >= threshold and str(threshold) not in self.reached:
                     self.reached[str(threshold)] = (elapsed, int(env_steps))
-        return str(self.target) in self.reached or elapsed >= self.cap_s
+        return self.done()
+
+    def done(self) -> bool:
+        return str(self.target) in self.reached or time.time() - T0 >= self.cap_s
 
     def result(self, env_steps: int) -> dict[str, Any]:
         hit = self.reached.get(str(self.target))
         return {
             "reached": hit is not None,
-            "seconds": hit[0] if hit else time.time() - T0,
+            "seconds": hit[0] if hit else self.cap_s,  # a miss counts as the cap, however early the peer stopped
+            "stopped_s": time.time() - T0,
             "env_steps": hit[1] if hit else int(env_steps),
             "final": self.points[-1][2] if self.points else None,
             "thresholds": self.reached,
@@ -134,8 +140,28 @@ def run_sb3(task: str, seed: int, cap_s: float, threads: int) -> dict[str, Any]:
                 return not progress.report(self.num_timesteps, mean)
             return not progress.report(self.num_timesteps, None)
 
-    model.learn(total_timesteps=max(steps, 10**9), callback=Watch())
+    # rl-zoo's schedules (exploration, lin_ learning rates and clips) run over its n_timesteps: train that
+    # long as published, then, short of the target with time left, on at the schedules' final values
+    watch = Watch()
+    model.learn(total_timesteps=steps, callback=watch)
+    if not progress.done() and hold_schedules_at_their_end(model):
+        model.learn(total_timesteps=10**9, callback=watch, reset_num_timesteps=False)
     return progress.result(model.num_timesteps)
+
+
+def hold_schedules_at_their_end(model: Any) -> bool:
+    """Freeze an SB3 model's schedules at their final values (progress remaining 0); False when its learning
+    rate ends at 0 (rl-zoo's lin_ schedules): then more steps would teach it nothing."""
+    final_lr = model.lr_schedule(0.0)
+    if final_lr <= 0:
+        return False
+    model.lr_schedule = lambda _: final_lr
+    for name in ("exploration_schedule", "clip_range", "clip_range_vf"):
+        schedule = getattr(model, name, None)
+        if callable(schedule):
+            final = schedule(0.0)
+            setattr(model, name, lambda _, final=final: final)
+    return True
 
 
 # ---------------------------------------------------------------- RLlib with its tuned examples

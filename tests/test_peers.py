@@ -106,3 +106,20 @@ def test_a_longer_tianji_run_is_read_as_the_cap_saw_it(tmp_path, monkeypatch):
     fake_pong_run(tmp_path / "own", curve[:3], {**summary, "target_reached": False, "wall_time_s": 1795.0})
     own = peers.judge_at_cap(tmp_path / "own", "pong-ppo", 1800.0)
     assert own["seconds"] == 1795.0 and own["env_steps"] == 3_201_000 and "read_at_cap_from" not in own
+
+
+@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None, reason="stable-baselines3 not installed")
+def test_sb3_schedules_are_held_at_their_end_not_stretched_over_the_cap(monkeypatch):
+    """rl-zoo's DQN explores over 16 % of its n_timesteps: stretching that over a huge total_timesteps kept
+    epsilon near 1 for the whole cap. After n_timesteps the schedules stay at their final values; a learning
+    rate that ends at 0 (rl-zoo's lin_) ends the run instead."""
+    from stable_baselines3 import DQN, PPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import peers_run
+
+    dqn = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, exploration_final_eps=0.04, device="cpu")
+    assert peers_run.hold_schedules_at_their_end(dqn)
+    assert dqn.exploration_schedule(1.0) == pytest.approx(0.04) and dqn.lr_schedule(1.0) == pytest.approx(2.3e-3)
+    ppo = PPO("MlpPolicy", "CartPole-v1", learning_rate=peers_run._schedule("lin_0.001"), device="cpu")
+    assert not peers_run.hold_schedules_at_their_end(ppo)
