@@ -123,3 +123,28 @@ def test_sb3_schedules_are_held_at_their_end_not_stretched_over_the_cap(monkeypa
     assert dqn.exploration_schedule(1.0) == pytest.approx(0.04) and dqn.lr_schedule(1.0) == pytest.approx(2.3e-3)
     ppo = PPO("MlpPolicy", "CartPole-v1", learning_rate=peers_run._schedule("lin_0.001"), device="cpu")
     assert not peers_run.hold_schedules_at_their_end(ppo)
+
+
+def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkeypatch):
+    peers = load_peers(monkeypatch)
+
+    def row(task, system, median_s, final=None, reached=3):
+        return {"task": task, "system": system, "median_s": median_s, "final": final, "reached": reached, "runs": 3}
+
+    rows = [
+        row("cartpole-ppo", "tianji", 4.0),
+        row("cartpole-ppo", "rllib", 60.0),
+        row("cartpole-ppo", "sb3", 17.0),
+        row("acrobot-ppo", "tianji", 3.0),
+        row("acrobot-ppo", "sb3", 15.0),
+        row("pong-ppo", "tianji", 1800.0, final=11.4, reached=0),
+        row("pong-ppo", "rllib", 1800.0, final=-20.5, reached=0),
+        row("pong-ppo", "sb3", 1800.0, final=-19.0, reached=0),
+    ]
+    lines = peers.against_the_best_peer(rows)
+    assert (
+        lines[0]
+        == "- cartpole-ppo: the fastest peer (sb3) took 4.25x TianJi's median time: below the paper's best ratio, 4.37x"
+    )
+    assert "(sb3) took 5.00x" in lines[1] and ": meets" in lines[1]
+    assert lines[2] == "- pong-ppo: TianJi's score at the cap 11.4, the best peer's (sb3) -19.0: ahead"
