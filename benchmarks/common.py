@@ -23,3 +23,15 @@ def run_tianji(preset: str, run_dir: Path, seed: int, overrides: list[str], laun
     command = train_command(preset, run_dir, f"seed={seed}", *overrides, launcher=launcher)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def update_page_tables(marker: str, table: str) -> None:
+    """Replace what stands between `<!-- MARKER -->` and `<!-- /MARKER -->` in the README and the benchmarks
+    page (a page without the markers is left alone)."""
+    root = Path(__file__).parents[1]
+    for page in (root / "README.md", root / "docs" / "benchmarks.md"):
+        text = page.read_text()
+        if f"<!-- {marker} -->" in text:
+            head, rest = text.split(f"<!-- {marker} -->", 1)
+            _, tail = rest.split(f"<!-- /{marker} -->", 1)
+            page.write_text(f"{head}<!-- {marker} -->\n{table}<!-- /{marker} -->{tail}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tianji.config import load_config, preset_names
 
-from common import run_tianji
+from common import run_tianji, update_page_tables
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -156,7 +156,7 @@ def main() -> None:
             out.with_suffix(".md").write_text(markdown(rows))
     print(markdown([saved[name] for name in sorted(saved)]))
     if out == RESULTS / "zoo":  # the project's own table, not a scratch one
-        update_tables(markdown([saved[name] for name in sorted(saved)]))
+        update_page_tables("zoo table", markdown([saved[name] for name in sorted(saved)]))
 
 
 IGNORED = {"seed", "name", "logging", "checkpoint"}  # what may differ between a preset and a run of it
@@ -222,18 +222,7 @@ def presets_from_runs(args: argparse.Namespace) -> None:
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
     if out == RESULTS / "zoo":
-        update_tables(markdown(rows))
-
-
-def update_tables(table: str) -> None:
-    """The zoo table in the README and the benchmarks page, between their `<!-- zoo table -->` markers."""
-    root = Path(__file__).parents[1]
-    for page in (root / "README.md", root / "docs" / "benchmarks.md"):
-        text = page.read_text()
-        if "<!-- zoo table -->" in text:
-            head, rest = text.split("<!-- zoo table -->", 1)
-            _, tail = rest.split("<!-- /zoo table -->", 1)
-            page.write_text(f"{head}<!-- zoo table -->\n{table}<!-- /zoo table -->{tail}")
+        update_page_tables("zoo table", markdown(rows))
 
 
 if __name__ == "__main__":
