@@ -220,6 +220,7 @@ def summarise(task: str, system: str, runs: list[dict[str, Any]], cap_s: float) 
         else None,
         "errors": [r["error"] for r in runs if "error" in r],
         "read_at_cap": [r["read_at_cap_from"] for r in runs if "read_at_cap_from" in r],
+        "notes": sorted({r["note"] for r in runs if r.get("note")}),
     }
     if is_pong(task):
         row["thresholds"] = {str(t): [r["thresholds"].get(str(t)) for r in runs] for t in PONG_THRESHOLDS}
@@ -264,6 +265,8 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         )
     for task in dict.fromkeys(r["task"] for r in rows if is_pong(r["task"])):
         lines += pong_table(task, [r for r in rows if r["task"] == task])
+    notes = [f"- {r['task']}, {r['system']}: {note}" for r in rows for note in r.get("notes", [])]
+    lines += ["", "Notes on single runs:", "", *notes] if notes else []
     lines += ["", *against_the_best_peer(rows)]
     lines += [
         "",
