@@ -305,7 +305,9 @@ def rllib_pong_appo() -> Any:
             env_to_module_connector=stack_four_frames_on_runners,
             num_envs_per_env_runner=2,
         )
-        .learners(num_aggregator_actors_per_learner=2)
+        # the example's 2 aggregator actors take a CPU each: beside an env runner on every core they never
+        # start (Ray holds them pending and the run hangs), so aggregation on the learner (RLlib's default)
+        .learners(num_aggregator_actors_per_learner=0)
         .training(
             learner_connector=stack_four_frames_on_learner,
             train_batch_size_per_learner=500,
