@@ -324,19 +324,12 @@ def rllib_pong_appo() -> Any:
 
 
 def run_rllib(task: str, seed: int, cap_s: float, runners: int) -> dict[str, Any]:
-    import shutil
-    import tempfile
-
     import ray
 
     _, _, metric, target, thresholds = TASKS[task]
     progress = Progress(target, thresholds, cap_s)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    returns_dir = Path(tempfile.mkdtemp(prefix="rllib-returns-"))
-    config = rllib_config(task, seed, runners)
-    if metric == "train_mean100":
-        config = config.callbacks(on_episode_end=log_episode_returns_to(returns_dir))
-    algo = config.build_algo()
+    algo = rllib_config(task, seed, runners).build_algo()
     steps = 0
     while True:
         result = algo.train()
@@ -344,35 +337,12 @@ def run_rllib(task: str, seed: int, cap_s: float, runners: int) -> dict[str, Any
         if metric == "greedy_eval20":
             value = result.get("evaluation", {}).get("env_runners", {}).get("episode_return_mean")
         else:
-            value = mean_of_last_100(returns_dir)
+            value = result.get("env_runners", {}).get("episode_return_mean")
         if progress.report(steps, value):
             break
     algo.stop()
     ray.shutdown()
-    shutil.rmtree(returns_dir, ignore_errors=True)
     return progress.result(steps)
-
-
-def log_episode_returns_to(directory: Path) -> Any:
-    """RLlib's own `episode_return_mean` is, in Ray 2.60, the mean of the episodes that ended in the last
-    iteration (3-4 on Pong), not of the last 100: each env runner appends every episode's return, with
-    its end time, to a file of its own, and the driver takes the last 100 of them all."""
-
-    def on_episode_end(*, episode: Any, **_: Any) -> None:
-        with open(directory / f"returns-{os.getpid()}.txt", "a") as f:
-            f.write(f"{time.time()} {episode.get_return()}\n")
-
-    return on_episode_end
-
-
-def mean_of_last_100(directory: Path) -> float | None:
-    ended = sorted(
-        (float(t), float(r))
-        for path in directory.glob("returns-*.txt")
-        for t, r in (line.split() for line in path.read_text().splitlines() if line.strip())
-    )
-    last = [r for _, r in ended[-100:]]
-    return sum(last) / len(last) if last else None
 
 
 def main() -> None:

@@ -148,25 +148,3 @@ def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkey
     )
     assert "(sb3) took 5.00x" in lines[1] and ": meets" in lines[1]
     assert lines[2] == "- pong-ppo: TianJi's score at the cap 11.4, the best peer's (sb3) -19.0: ahead"
-
-
-def test_rllib_returns_are_a_mean_of_the_last_100_episodes_of_every_runner(tmp_path, monkeypatch):
-    """RLlib 2.60's own episode_return_mean covers only the last iteration's episodes; the benchmark keeps
-    every episode's return from every env runner and takes the newest 100 by end time."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import peers_run
-
-    assert peers_run.mean_of_last_100(tmp_path) is None
-    (tmp_path / "returns-1.txt").write_text("".join(f"{t} -21\n" for t in range(0, 100, 2)))  # old episodes
-    (tmp_path / "returns-2.txt").write_text("".join(f"{t} -21\n" for t in range(1, 100, 2)))
-    assert peers_run.mean_of_last_100(tmp_path) == -21.0
-    with open(tmp_path / "returns-2.txt", "a") as f:
-        f.write("".join(f"{t} 19\n" for t in range(100, 150)))
-    assert peers_run.mean_of_last_100(tmp_path) == (50 * 19 + 50 * -21) / 100
-
-    class Episode:
-        def get_return(self):
-            return 7.0
-
-    peers_run.log_episode_returns_to(tmp_path)(episode=Episode(), env_runner=None, metrics_logger=None)
-    assert peers_run.mean_of_last_100(tmp_path) == (50 * 19 + 49 * -21 + 7) / 100  # the newest, from this pid
