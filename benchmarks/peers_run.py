@@ -224,6 +224,7 @@ def rllib_config(task: str, seed: int, runners: int) -> Any:
         config = rllib_atari_ppo()
     else:
         config = rllib_pong_appo()
+        runners = max(1, runners - 1)  # APPO's learner holds a CPU of its own: an env runner on every other core
     return config.env_runners(num_env_runners=runners).debugging(seed=seed)
 
 
