@@ -230,7 +230,8 @@ def summarise(task: str, system: str, runs: list[dict[str, Any]], cap_s: float) 
 def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
     def time_cell(row: dict[str, Any]) -> str:
         mark = ">" if row["reached"] == 0 else ""
-        spread = f" ({row['min_s']:.0f}-{row['max_s']:.0f})" if row["runs"] > 1 else ""
+        digits = 1 if row["max_s"] < 10 else 0  # a few seconds' spread would round to one number
+        spread = f" ({row['min_s']:.{digits}f}-{row['max_s']:.{digits}f})" if row["runs"] > 1 else ""
         return f"{mark}{row['median_s']:.1f} s{spread}, {row['reached']}/{row['runs']} reached"
 
     tianji = {r["task"]: r for r in rows if r["system"] == "tianji"}
