@@ -98,3 +98,20 @@ def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
     assert not evaluator.has_new_weights()
     evaluator.set_weights(1, {"w": np.array([1.0], np.float32)})  # older: ignored
     assert evaluator.version == 2
+
+
+class ReusingVectorEnv(FakeVectorEnv):
+    """Writes every observation into the same array, as some vector envs do."""
+
+    def _obs(self) -> np.ndarray:
+        if not hasattr(self, "buffer"):
+            self.buffer = np.zeros((self.num_envs, 2), np.float32)
+        self.buffer[:, 0], self.buffer[:, 1] = self.t, np.arange(self.num_envs)
+        return self.buffer
+
+
+def test_a_fragment_of_its_own_keeps_the_first_observation_of_an_env_that_reuses_its_arrays():
+    actor = Actor(actor_id=0, envs=ReusingVectorEnv(2, 10), policy=FakePolicy(), fragment_length=3, seed=0)
+    first, second = actor.collect(), actor.collect()
+    np.testing.assert_array_equal(first.arrays["obs"][:, 0, 0], [0, 1, 2])
+    np.testing.assert_array_equal(second.arrays["obs"][:, 0, 0], [3, 4, 5])

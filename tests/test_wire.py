@@ -121,3 +121,21 @@ def test_slot_file_never_shrinks_when_the_layout_changes():
         writer.close()
         reader.close()
         remove_pools(token)
+
+
+def test_reader_remaps_and_closes_while_a_batch_still_views_its_slot():
+    """The learner reads slots without a copy; a slot file that grew, or the run's stop, must not fail
+    on views a batch still holds (closing a mapping under them raises BufferError): it goes when they do."""
+    token = "testviews"
+    writer = SlotWriter(pool_path(token, "actor0"), slots=1)
+    reader = SlotReader(allowed_prefix=f"tianji-{token}-")
+    try:
+        small = reader.read(writer.write(0, {"x": np.arange(10, dtype=np.float32)}), copy=False)["x"]
+        big = reader.read(writer.write(0, {"x": np.full(100_000, 3, np.float32)}), copy=False)["x"]
+        assert (big == 3).all() and small.shape == (10,)
+        reader.close()
+        assert (big == 3).all()
+    finally:
+        writer.close()
+        reader.close()
+        remove_pools(token)

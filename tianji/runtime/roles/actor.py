@@ -101,6 +101,8 @@ class Actor:
         if buffers is not None:  # the observation's rows first: some envs reuse their output arrays
             for key, value in obs_rows.items():
                 buffers[key][t] = value
+        else:  # nowhere to write them yet: keep a copy, the step below may overwrite the env's arrays
+            obs_rows = {key: np.array(value) for key, value in obs_rows.items()}
         env_action, record = self.policy.act(obs)
         next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
         done = np.logical_or(terminated, truncated)

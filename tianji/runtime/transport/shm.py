@@ -98,8 +98,7 @@ class SlotWriter:
 
     def close(self) -> None:
         if self._map is not None:
-            with contextlib.suppress(BufferError):  # views of it are still alive: the mapping goes when they do
-                self._map.close()
+            release(self._map)
             self._map = None
 
 
@@ -146,7 +145,7 @@ class SlotReader:
         m = self._maps.get(path)
         if m is None or len(m) < min_size:
             if m is not None:
-                m.close()
+                release(m)
             try:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             except OSError as exc:
@@ -163,5 +162,12 @@ class SlotReader:
 
     def close(self) -> None:
         for m in self._maps.values():
-            m.close()
+            release(m)
         self._maps.clear()
+
+
+def release(m: mmap.mmap) -> None:
+    """Unmap now, or, while arrays still view it (a batch the learner is training on, a fragment the actor
+    is writing), when the last of them goes: closing under them raises BufferError."""
+    with contextlib.suppress(BufferError):
+        m.close()
