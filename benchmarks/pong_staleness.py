@@ -246,9 +246,8 @@ def verdict(rows: list[dict]) -> list[str]:
             f"synchronous run's ({shown}): median "
             + ("within 10 %" if within else "NOT within 10 %")
             + (
-                f"; score minus the synchronous run's, averaged over {GRID_M[0]:g}-{GRID_M[-1]:g}M env steps: "
-                + ", ".join(f"{g:+.1f}" for g in gap)
-                + " points"
+                f"; score minus the synchronous run's, averaged every 0.1M env steps "
+                f"from {GRID_M[0]:g}M to the budget: " + ", ".join(f"{g:+.1f}" for g in gap) + " points"
                 if gap
                 else ""
             )
@@ -301,7 +300,10 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
         for threshold in THRESHOLDS:
             ax.axhline(threshold, color="grey", linewidth=0.5)
     axes[0].legend(fontsize="x-small")
-    fig.suptitle(f"{preset}: policy-lag bounds side by side (colour: bound; dashed: seed 1; dotted: no correction)")
+    fig.suptitle(
+        f"{preset}: policy-lag bounds side by side "
+        "(colour: bound; solid: seed 0, dashed: other seeds; dotted: no correction)"
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
