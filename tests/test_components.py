@@ -103,9 +103,11 @@ def test_evaluator_runs_one_greedy_episode_per_env_on_the_newest_weights():
 class ReusingVectorEnv(FakeVectorEnv):
     """Writes every observation into the same array, as some vector envs do."""
 
+    def __init__(self, num_envs: int, episode_length: int):
+        self.buffer = np.zeros((num_envs, 2), np.float32)
+        super().__init__(num_envs, episode_length)
+
     def _obs(self) -> np.ndarray:
-        if not hasattr(self, "buffer"):
-            self.buffer = np.zeros((self.num_envs, 2), np.float32)
         self.buffer[:, 0], self.buffer[:, 1] = self.t, np.arange(self.num_envs)
         return self.buffer
 
