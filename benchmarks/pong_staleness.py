@@ -1,11 +1,15 @@
 """The paper's staleness ablation on Pong: every setting equal except the policy-lag bound.
 
     python benchmarks/pong_staleness.py [--preset pong-ppo] [--bounds 0 1 2 4 8] [--seeds 1] [--two-seeds 0 4]
-                                        [--correction on off] [--inflight 2] [--actors-for 8:4]
-                                        [--max-env-steps 1100000] [--minutes 40]
+                                        [--correction on off] [--variant NAME:SETTING,...] [--inflight 2]
+                                        [--actors-for 8:4] [--max-env-steps 1100000] [--minutes 40]
 
 Each run is one `tianji train PRESET --set balance.max_policy_lag=B` command (with
 `algo.proximal` on or off: the stale-fragment correction), one after another, never two at once.
+A `--variant` runs the bounds again with the correction on and more settings, e.g.
+`--bounds 0 --variant delay2:balance.publish_delay=2` (a synchronous run whose data are 2 versions old:
+data age without asynchrony) or `--variant step:balance.refresh_weights=step` (actors take new weights
+between env steps).
 Enough fragments may be in flight to reach the bound (`balance.max_inflight`, and `--actors-for B:N`
 gives a bound more actors). The table reports, per run and within the budget, the lag measured, the env
 steps and the minutes to a 100-episode mean of -15, -10, -5, 0, 12 and 18 (where reached), the mean at
@@ -40,17 +44,29 @@ BUDGET_SLACK = 1.02  # a run stops at the first metrics row past its budget
 RESULTS = Path(__file__).parent / "results"
 
 
-def run_name(bound: int, correction: str, seed: int) -> str:
-    return f"lag{bound}-{correction}-s{seed}"
+SYNC = ("on", "off")  # bound 0 with either is PPO exactly: the synchronous reference
 
 
-def train(preset: str, run_dir: Path, bound: int, correction: str, seed: int, args: argparse.Namespace) -> None:
+def run_name(bound: int, variant: str, seed: int) -> str:
+    return f"lag{bound}-{variant}-s{seed}"
+
+
+def variant_settings(spec: str) -> tuple[str, list[str]]:
+    """`NAME:KEY=VALUE,KEY=VALUE` -> (NAME, settings); the correction stays on."""
+    name, _, settings = spec.partition(":")
+    if not name.isalnum() or name in ("on", "off") or not settings:
+        raise argparse.ArgumentTypeError(f"--variant {spec!r}: expected NAME:KEY=VALUE[,...], NAME alphanumeric")
+    return name, settings.split(",")
+
+
+def train(preset: str, run_dir: Path, bound: int, variant: str, seed: int, args: argparse.Namespace) -> None:
     actors = dict(args.actors_for).get(bound)
     settings = [
         f"seed={seed}",
         f"balance.max_policy_lag={bound}",
         f"balance.max_inflight={max(1, args.inflight)}",
-        f"algo.proximal={'true' if correction == 'on' else 'false'}",
+        f"algo.proximal={'false' if variant == 'off' else 'true'}",
+        *dict(args.variant).get(variant, []),
         "stop.target_return=18",
         f"stop.max_env_steps={args.max_env_steps}",
         f"stop.max_wall_time_s={args.minutes * 60}",
@@ -103,7 +119,7 @@ def finished(run_dir: Path, max_env_steps: float) -> bool:
     return summary.get("stop_reason") != "interrupted" or summary["env_steps"] >= max_env_steps
 
 
-def describe(run_dir: Path, bound: int, correction: str, seed: int, max_env_steps: float) -> dict:
+def describe(run_dir: Path, bound: int, variant: str, seed: int, max_env_steps: float) -> dict:
     """One run within the budget: lag, speed, env steps and minutes to each threshold, score at checkpoints."""
     rows = metric_rows(run_dir, max_env_steps)
     points = curve(rows)
@@ -113,7 +129,7 @@ def describe(run_dir: Path, bound: int, correction: str, seed: int, max_env_step
     return {
         "run": run_dir.name,
         "bound": bound,
-        "correction": correction,
+        "variant": variant,
         "seed": seed,
         "lag_mean": statistics.fmean(lag_means) if lag_means else 0.0,
         "lag_max": int(max(column(rows, "balance/lag_max"), default=0)),
@@ -134,8 +150,8 @@ def earlier_runs(run_root: Path, taken: set[str], max_env_steps: float) -> list[
     for run_dir in sorted(run_root.glob("lag*-*-s*")):
         if run_dir.name in taken or not finished(run_dir, max_env_steps):
             continue
-        bound, correction, seed = run_dir.name.split("-")
-        rows.append(describe(run_dir, int(bound[len("lag") :]), correction, int(seed[len("s") :]), max_env_steps))
+        bound, variant, seed = run_dir.name.split("-")
+        rows.append(describe(run_dir, int(bound[len("lag") :]), variant, int(seed[len("s") :]), max_env_steps))
     return rows
 
 
@@ -166,7 +182,7 @@ def relative_to_synchronous(rows: list[dict]) -> None:
     """Each run's env steps to each threshold / the synchronous run's of the same seed, and its score minus
     the synchronous run's averaged over the env-step grid (with no lag the correction changes nothing:
     one synchronous run serves both)."""
-    sync = {r["seed"]: r for r in rows if r["bound"] == 0}
+    sync = {r["seed"]: r for r in rows if is_sync(r)}
     for row in rows:
         base = sync.get(row["seed"])
         row["steps_vs_sync"] = {}
@@ -180,7 +196,11 @@ def relative_to_synchronous(rows: list[dict]) -> None:
         row["score_gap"] = mean_score_gap(row, base)
 
 
-def table(rows: list[dict], args: argparse.Namespace) -> str:
+def is_sync(row: dict) -> bool:
+    return row["bound"] == 0 and row["variant"] in SYNC
+
+
+def table(rows: list[dict], args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
     def cell(hit: dict | None) -> str:
         return "-" if hit is None else f"{hit['env_steps'] / 1e6:.2f}M / {hit['minutes']:.1f} min"
 
@@ -193,10 +213,13 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         "",
         f"Machine: {platform.processor() or platform.machine()}, {_cores()} cores; {time.strftime('%Y-%m-%d')}. "
         f"Budget per run: {args.max_env_steps / 1e6:.1f}M env steps or {args.minutes:.0f} minutes. "
-        "Every setting equal except the bound (and the correction); runs one at a time. "
-        "Env steps / minutes to each 100-episode mean, and the mean at fixed env steps.",
+        "Every setting equal except the bound and the variant; runs one at a time. "
+        "Env steps / minutes to each 100-episode mean, and the mean at fixed env steps. "
+        "Variants: on / off: the stale-fragment correction (algo.proximal); "
+        + "".join(f"{name}: the correction on, {', '.join(sets)}; " for name, sets in sorted(variants.items()))
+        + "lag counts from the version a fragment started with.",
         "",
-        "| run | bound | correction | lag mean / max | dropped | env steps/s | "
+        "| run | bound | variant | lag mean / max | dropped | env steps/s | "
         + " | ".join(keys)
         + " | "
         + " | ".join(f"at {m:g}M" for m in CHECKPOINTS_M)
@@ -205,10 +228,10 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         + ") |",
         "|" + "---|" * (7 + len(keys) + len(CHECKPOINTS_M)),
     ]
-    for r in sorted(rows, key=lambda r: (r["correction"], r["bound"], r["seed"])):
+    for r in sorted(rows, key=lambda r: (r["variant"], r["bound"], r["seed"])):
         ratios = " / ".join(ratio_text(r["steps_vs_sync"].get(k)) for k in keys)
         lines.append(
-            f"| {r['run']} | {r['bound']} | {r['correction']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
+            f"| {r['run']} | {r['bound']} | {r['variant']} | {r['lag_mean']:.1f} / {r['lag_max']} | "
             f"{r['fragments_dropped']} | {r['env_steps_per_s']:,.0f} | "
             + " | ".join(cell(r["reached"][k]) for k in keys)
             + " | "
@@ -224,25 +247,25 @@ def ratio_text(ratio: tuple[float, str] | None) -> str:
 
 
 def verdict(rows: list[dict]) -> list[str]:
-    """Per bound and correction: env steps to each threshold relative to bound 0's, per seed, and whether
+    """Per bound and variant: env steps to each threshold relative to bound 0's, per seed, and whether
     their median is within 10 % for every threshold (the issue's bar for "stale fragments cost nothing");
     "<" and ">" mark bounds where only one of the two runs reached a score within the budget."""
     ratios: dict[tuple[str, int], dict[str, list[tuple[float, str]]]] = {}
     gaps: dict[tuple[str, int], list[float]] = {}
     for r in rows:
-        if r["bound"] == 0:
+        if is_sync(r):
             continue
         for key, ratio in r.get("steps_vs_sync", {}).items():
-            ratios.setdefault((r["correction"], r["bound"]), {}).setdefault(key, []).append(ratio)
+            ratios.setdefault((r["variant"], r["bound"]), {}).setdefault(key, []).append(ratio)
         if r.get("score_gap") is not None:
-            gaps.setdefault((r["correction"], r["bound"]), []).append(r["score_gap"])
+            gaps.setdefault((r["variant"], r["bound"]), []).append(r["score_gap"])
     lines = []
-    for (correction, bound), by_key in sorted(ratios.items()):
+    for (variant, bound), by_key in sorted(ratios.items()):
         within = all(statistics.median(value for value, _ in values) <= 1.10 for values in by_key.values())
         shown = "; ".join(f"{key}: {', '.join(ratio_text(v) for v in values)}" for key, values in by_key.items())
-        gap = gaps.get((correction, bound), [])
+        gap = gaps.get((variant, bound), [])
         lines.append(
-            f"- bound {bound}, correction {correction}, {len(gap)} seed(s): env steps to each score over the "
+            f"- bound {bound}, variant {variant}, {len(gap)} seed(s): env steps to each score over the "
             f"synchronous run's ({shown}): median "
             + ("within 10 %" if within else "NOT within 10 %")
             + (
@@ -257,7 +280,7 @@ def verdict(rows: list[dict]) -> list[str]:
 
 def noise_floor(rows: list[dict]) -> list[str]:
     """How far apart two seeds of the same synchronous configuration land: the resolution of the verdicts above."""
-    sync = sorted((r for r in rows if r["bound"] == 0), key=lambda r: r["seed"])
+    sync = sorted((r for r in rows if is_sync(r)), key=lambda r: r["seed"])
     if len(sync) < 2:
         return []
     a, b = sync[:2]
@@ -285,12 +308,13 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    bounds = sorted({r["bound"] for r in rows})
+    kinds = sorted({(r["variant"] != "on", r["variant"], r["bound"]) for r in rows if r["variant"] != "off"})
     for r in rows:
         points = curve(metric_rows(run_root / r["run"], max_env_steps))
-        colour = colours[bounds.index(r["bound"]) % len(colours)]
-        style = ":" if r["correction"] == "off" else ("-" if r["seed"] == 0 else "--")  # seeds, correction apart
-        label = f"lag <= {r['bound']}, correction {r['correction']}, seed {r['seed']}"
+        kind = (r["variant"] != "on", r["variant"], r["bound"])
+        colour = "black" if r["variant"] == "off" else colours[kinds.index(kind) % len(colours)]
+        style = ":" if r["variant"] == "off" else ("-" if r["seed"] == 0 else "--")  # seeds, correction apart
+        label = f"lag <= {r['bound']}, {r['variant']}, seed {r['seed']}"
         axes[0].plot([p[1] / 1e6 for p in points], [p[2] for p in points], style, color=colour, label=label)
         axes[1].plot([p[0] / 60 for p in points], [p[2] for p in points], style, color=colour, label=label)
     for ax, label in ((axes[0], "env steps (millions)"), (axes[1], "wall time (minutes)")):
@@ -302,7 +326,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     axes[0].legend(fontsize="x-small")
     fig.suptitle(
         f"{preset}: policy-lag bounds side by side "
-        "(colour: bound; solid: seed 0, dashed: other seeds; dotted: no correction)"
+        "(colour: bound and variant; solid: seed 0, dashed: other seeds; dotted: no correction)"
     )
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -316,6 +340,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds per bound")
     parser.add_argument("--two-seeds", type=int, nargs="*", default=[0, 4], help="bounds run with 2 seeds")
     parser.add_argument("--correction", nargs="+", choices=["on", "off"], default=["on"])
+    parser.add_argument(
+        "--variant",
+        type=variant_settings,
+        action="append",
+        default=[],
+        metavar="NAME:SETTING,...",
+        help="also run the bounds with the correction on and these settings (run names lagB-NAME-sS)",
+    )
     parser.add_argument("--inflight", type=int, default=2, help="balance.max_inflight of every run (the preset's 2)")
     parser.add_argument(
         "--actors-for",
@@ -333,28 +365,42 @@ def main() -> None:
     args = parser.parse_args()
     run_root = Path(args.run_root)
     run_root.mkdir(parents=True, exist_ok=True)
+    variants = remembered_variants(run_root, dict(args.variant))
     rows = []
-    for correction in args.correction:
+    for variant in [*args.correction, *dict(args.variant)]:
         for bound in args.bounds:
-            if bound == 0 and correction != args.correction[0]:
-                continue  # synchronous: the correction is PPO exactly, the first run serves both
+            if bound == 0 and variant == "off" and "on" in args.correction:
+                continue  # synchronous: the correction is PPO exactly, the run with it on serves both
             for seed in range(args.seeds + (1 if bound in args.two_seeds and args.seeds < 2 else 0)):
-                run_dir = run_root / run_name(bound, correction, seed)
+                run_dir = run_root / run_name(bound, variant, seed)
                 if not finished(run_dir, args.max_env_steps):
                     print(f"{run_dir.name}: training ...", flush=True)
                     if run_dir.exists():
                         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-                    train(args.preset, run_dir, bound, correction, seed, args)
-                rows.append(describe(run_dir, bound, correction, seed, args.max_env_steps))
+                    train(args.preset, run_dir, bound, variant, seed, args)
+                rows.append(describe(run_dir, bound, variant, seed, args.max_env_steps))
                 print(f"{run_dir.name}: {rows[-1]['reached']}", flush=True)
     rows += earlier_runs(run_root, {r["run"] for r in rows}, args.max_env_steps)
     relative_to_synchronous(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"preset": args.preset, "runs": rows}, indent=2))
-    out.with_suffix(".md").write_text(table(rows, args))
+    out.with_suffix(".md").write_text(table(rows, args, variants))
     figure(rows, run_root, out.with_suffix(".png"), args.max_env_steps, args.preset)
-    print(table(rows, args))
+    print(table(rows, args, variants))
+
+
+def remembered_variants(run_root: Path, new: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Every variant's settings, this invocation's and earlier ones' (kept in RUN_ROOT/variants.json), so the
+    table names what each run changed; a name given again with other settings is an error."""
+    path = run_root / "variants.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    for name, settings in new.items():
+        if known.get(name, settings) != settings:
+            raise SystemExit(f"--variant {name}: its runs under {run_root} were made with {known[name]}")
+    known.update(new)
+    path.write_text(json.dumps(known, indent=2))
+    return known
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tianji.config import build_config
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.learner import Learner
+from tianji.runtime.roles.service import LearnerService
 
 from conftest import FakeAlgoLearner, FakePolicy, FakeVectorEnv
 
@@ -50,6 +52,23 @@ def test_actor_picks_up_newest_weights_between_fragments():
     after = actor.collect()
     assert (before.arrays["w_used"] == 0).all()
     assert after.policy_version == 5 and (after.arrays["w_used"] == 5.0).all()
+
+
+def test_actor_takes_weights_between_steps_and_keeps_the_oldest_version():
+    """balance.refresh_weights=step: weights published mid-fragment act from the next step on; the
+    fragment keeps the version it started with (its lag is counted from its oldest weights)."""
+    actor = make_actor(T=5)
+    published = iter([(1, 1.0), (2, 2.0)])
+
+    def refresh():  # a new version arrives before steps 1 and 2, none after
+        version, w = next(published, (None, None))
+        if version is not None:
+            actor.set_weights(version, {"w": np.array([w], np.float32)})
+
+    fragment = actor.collect(between_steps=refresh)
+    np.testing.assert_array_equal(fragment.arrays["w_used"][:, 0], [0, 1, 2, 2, 2])
+    assert fragment.policy_version == 0 and actor.version == 2
+    assert actor.collect().policy_version == 2
 
 
 def test_learner_consumes_updates_and_bumps_version():
@@ -117,3 +136,22 @@ def test_a_fragment_of_its_own_keeps_the_first_observation_of_an_env_that_reuses
     first, second = actor.collect(), actor.collect()
     np.testing.assert_array_equal(first.arrays["obs"][:, 0, 0], [0, 1, 2])
     np.testing.assert_array_equal(second.arrays["obs"][:, 0, 0], [3, 4, 5])
+
+
+def test_service_publishes_weights_delayed_by_publish_delay():
+    """balance.publish_delay=2 (a diagnosis of data age): after each update the actors get the weights of two
+    updates before, under the newest version; with 0, the newest weights."""
+
+    def published_after_updates(delay, updates=4):
+        cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": {"publish_delay": delay}})
+        service = LearnerService(Learner(FakeAlgoLearner(), max_policy_lag=0), cfg)
+        actor, out = make_actor(), []
+        for _ in range(updates):
+            service.take(0, 0, actor.collect(), in_slot=False)
+            version, weights = service.step()
+            actor.set_weights(version, weights)
+            out.append((version, float(weights["w"][0])))
+        return out
+
+    assert published_after_updates(0) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert published_after_updates(2) == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0)]

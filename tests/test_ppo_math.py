@@ -10,10 +10,12 @@ from tianji.algos.common.returns import compute_gae
 from tianji.algos.ppo import PPOConfig, ppo_loss
 
 
-def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam):
-    """Direct definition: A_t = sum_l (gamma*lam)^l delta_{t+l}, stopping after the episode's last step."""
+def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam, traces=None):
+    """Direct definition: A_t = sum_l (gamma*lam)^l (c_{t+1} ... c_{t+l}) delta_{t+l}, stopping after the
+    episode's last step (traces c: 1 unless given)."""
     T, k = rewards.shape
     next_values = np.vstack([values[1:], bootstrap[None]])
+    traces = np.ones((T, k)) if traces is None else traces
     adv = np.zeros((T, k))
     for e in range(k):
         for t in range(T):
@@ -21,9 +23,9 @@ def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam):
             for u in range(t, T):
                 delta = rewards[u, e] + gamma * next_values[u, e] * (0.0 if terminated[u, e] else 1.0) - values[u, e]
                 total += discount * delta
-                if dones[u, e]:
+                if dones[u, e] or u + 1 == T:
                     break
-                discount *= gamma * lam
+                discount *= gamma * lam * traces[u + 1, e]
             adv[t, e] = total
     return adv
 
@@ -68,6 +70,25 @@ def test_gae_matches_reference_random(seed):
     expected = gae_reference(rewards, values, bootstrap, dones, terminated, 0.97, 0.9)
     np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ret, expected + values, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_with_traces_matches_reference(seed):
+    """Cut traces (proximal PPO's trace_cut): each delta further on is weighted by the traces before it."""
+    rng = np.random.default_rng(seed)
+    T, k = 11, 4
+    rewards, values = rng.normal(size=(2, T, k)).astype(np.float32)
+    bootstrap = rng.normal(size=k).astype(np.float32)
+    dones = rng.random((T, k)) < 0.15
+    terminated = dones & (rng.random((T, k)) < 0.5)
+    traces = np.minimum(1.0, rng.lognormal(0.0, 0.5, size=(T, k))).astype(np.float32)
+    adv, ret = compute_gae(rewards, values, bootstrap, dones, terminated, 0.97, 0.9, traces)
+    expected = gae_reference(rewards, values, bootstrap, dones, terminated, 0.97, 0.9, traces)
+    np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ret, expected + values, rtol=1e-4, atol=1e-5)
+    zero_adv, _ = compute_gae(rewards, values, bootstrap, dones, terminated, 0.97, 0.9, np.zeros_like(traces))
+    one_step = gae_reference(rewards, values, bootstrap, dones, terminated, 0.97, 0.0)
+    np.testing.assert_allclose(zero_adv, one_step, rtol=1e-4, atol=1e-5)  # every trace cut: TD(0)
 
 
 def ppo_loss_reference(new_logp, old_logp, adv, new_v, ret, entropy, cfg):

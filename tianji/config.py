@@ -118,6 +118,20 @@ class BalanceConfig(Section):
         "allows (off-policy); false: it takes every fragment at once and queues it (the ablation 'balance off').",
     )
     publish_every: int = Field(1, ge=1, description="Publish weights to actors every N learner updates.")
+    publish_delay: int = Field(
+        0,
+        ge=0,
+        description="Diagnosis, not training: actors get the weights of this many updates ago under the current "
+        "version. With max_policy_lag 0 the run stays synchronous while its data are as old as at that lag: the "
+        "cost of data age alone, apart from asynchrony (benchmarks/pong_staleness.py --delays).",
+    )
+    refresh_weights: Literal["fragment", "step"] = Field(
+        "fragment",
+        description="When an actor takes weights the learner has published: before each fragment (a fragment "
+        "is one policy version's), or before each env step (fresher data; the fragment keeps the version it "
+        "started with, so its lag counts from the oldest weights in it; per-step log-probs keep the "
+        "corrections exact).",
+    )
     replay_ratio: float | None = Field(
         None,
         gt=0,

@@ -84,6 +84,11 @@ class SurrogateConfig(TrainedConfig):
         "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.",
     )
     rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
+    trace_cut: bool = Field(
+        False,
+        description="proximal: cut GAE's traces by min(1, pi_prox / mu) of each next action (as V-trace "
+        "does), so a stale fragment's advantages follow the learner's policy rather than the actor's.",
+    )
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one training batch.")
     hidden: list[int] = Field(
         default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
@@ -253,6 +258,9 @@ class PPOLearner(OnPolicyLearner[PolicyValueNet]):
             b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b["obs"], b["action"], b["last_obs"])
         else:
             b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
+        traces = None
+        if self.cfg.proximal and self.cfg.trace_cut:
+            traces = (b["prox_logp"] - b["logp"]).exp().clamp(max=1.0).cpu().numpy()
         adv, ret = compute_gae(
             rows["reward"],
             b["value"].cpu().numpy(),
@@ -261,6 +269,7 @@ class PPOLearner(OnPolicyLearner[PolicyValueNet]):
             rows["terminated"],
             self.cfg.gamma,
             self.cfg.gae_lambda,
+            traces,
         )
         b["adv"], b["ret"] = to_device(adv, self.device), to_device(ret, self.device)
         valid = torch.from_numpy(rows["valid"].reshape(-1)).to(self.device)

@@ -71,17 +71,23 @@ def compute_gae(
     terminated: np.ndarray,
     gamma: float,
     lam: float,
+    traces: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and value targets for one fragment, arrays shaped [T, k].
 
     `values[t + 1]` (or `bootstrap_value` after the last row) is the value of the
     state reached at step t; a terminated step bootstraps from zero, and a done
     step stops the recursion so episodes never leak into each other.
+    `traces` [T, k] (none: 1): how far row t's action lets the advantage of row t - 1 look past it,
+    e.g. min(1, pi / mu) to cut the trace where the policy trained would not have acted as the actor
+    did (Retrace's and V-trace's c_t): A_t = delta_t + gamma lam c_{t+1} A_{t+1}.
     """
     T = rewards.shape[0]
     next_values = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
     not_terminal = 1.0 - terminated.astype(np.float32)
     not_done = 1.0 - dones.astype(np.float32)
+    if traces is not None:  # row t's recursion reads row t + 1's trace (nothing follows the last row)
+        not_done = not_done * np.concatenate([traces[1:], np.ones_like(traces[:1])], axis=0)
     deltas = rewards + gamma * next_values * not_terminal - values
     advantages = np.zeros_like(values, dtype=np.float32)
     running = np.zeros_like(values[0], dtype=np.float32)

@@ -4,6 +4,7 @@
     fragment = actor.collect()          # 32 steps x 16 envs, stamped with actor.version
     fragment = actor.collect(out=views) # the same, written straight into `views` (a shared-memory slot)
     actor.set_weights(version, weights) # newest weights win, applied between fragments
+    fragment = actor.collect(between_steps=refresh)  # or between steps: refresh() may call set_weights
 
 Recording convention (per row t, per env): `obs` seen, what the policy recorded
 (`action`, extras), `reward`, `terminated`, `done` (terminated or truncated), and
@@ -17,7 +18,7 @@ so algorithms can bootstrap truncated episodes from it and mask it from losses.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,17 +69,20 @@ class Actor:
             self.policy.load_weights(weights)
             self.version = version
 
-    def collect(self, out: Arrays | None = None) -> Fragment:
-        """Step the envs T times and return one fragment stamped with the current version.
+    def collect(self, out: Arrays | None = None, between_steps: Callable[[], None] | None = None) -> Fragment:
+        """Step the envs T times and return one fragment stamped with the version it started with.
 
         `out`: arrays laid out like the previous fragment's (`layout()`), e.g. views of a shared-memory
         slot: every step's rows are written straight into them, and so is what the policy adds at the
         end; nothing is copied afterwards. Without it the fragment gets arrays of its own.
+        `between_steps`: called before every step after the first (e.g. to take newer weights).
         """
         start = time.perf_counter()
         version = self.version
         buffers = out
         for t in range(self.T):
+            if t and between_steps is not None:
+                between_steps()
             buffers = self._step(t, buffers)
         arrays = dict(buffers)  # type: ignore[arg-type]
         for key, value in self.policy.finish_fragment(arrays, self.obs).items():

@@ -161,6 +161,10 @@ def actor_loop(
         learner.ask_for_weights()  # not published yet, or lost on the way: the reply to a hello has them
         return False
 
+    def refresh() -> None:
+        learner.newest_weights(actor)
+
+    between_steps = refresh if cfg.balance.refresh_weights == "step" else None
     last_event = time.time()
     try:
         while True:
@@ -174,7 +178,7 @@ def actor_loop(
             learner.receive(actor)
             if can_start():
                 slot, _ = learner.credits.popleft()
-                fragment = actor.collect(out=sender.views(slot))  # rows straight into the slot
+                fragment = actor.collect(sender.views(slot), between_steps)  # rows straight into the slot
                 sender.send(
                     learner.link,
                     slot,

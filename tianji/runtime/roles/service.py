@@ -16,6 +16,7 @@ credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and che
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar, cast
 
@@ -56,6 +57,8 @@ class LearnerService(Generic[PeerT]):
         self._trained_in_slot: list[tuple[PeerT, int]] = []
         self.published = learner.version
         self.published_weights = learner.weights()
+        # balance.publish_delay: the weights of the last updates, the oldest published (a diagnosis of data age)
+        self._delayed: deque[Any] = deque(maxlen=cfg.balance.publish_delay + 1)
         self.clock = clock
         self._last_event = self._last_checkpoint = clock()
         self._checkpointed_version = learner.version  # a resumed learner's is on disk already
@@ -116,7 +119,8 @@ class LearnerService(Generic[PeerT]):
         self._trained_in_slot.clear()
         if self.learner.version % self.publish_every:
             return None
-        self.published, self.published_weights = self.learner.version, self.learner.weights()
+        self._delayed.append(self.learner.weights())
+        self.published, self.published_weights = self.learner.version, self._delayed[0]
         return self.published, self.published_weights
 
     def grants(self) -> list[tuple[PeerT, int, int]]:
