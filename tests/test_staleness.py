@@ -241,3 +241,65 @@ def learner_logits_recurrent(policy: MAPPOPolicy, batch: dict[str, np.ndarray]) 
         )
         out.append(logits)
     return torch.cat(out)
+
+
+def spy_on_compute_gae(monkeypatch, module) -> list[tuple]:
+    calls: list[tuple] = []
+    real = module.compute_gae
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(module, "compute_gae", spy)
+    return calls
+
+
+@pytest.mark.parametrize("trace_cut", [True, False])
+def test_the_ppo_learner_cuts_gae_traces_by_the_proximal_ratio(monkeypatch, trace_cut):
+    """trace_cut: GAE's traces are min(1, pi_prox / mu) of each step's action (none without it)."""
+    learner, behaviour, rng = lagged_learner(lag=2)
+    learner.cfg = learner.cfg.model_copy(update={"trace_cut": trace_cut})
+    batch = fragment(behaviour, rng)
+    with torch.no_grad():
+        prox, _, _ = learner.net.evaluate(
+            torch.from_numpy(batch["obs"].reshape(T * K, 8)), torch.from_numpy(batch["action"].reshape(-1))
+        )
+    calls = spy_on_compute_gae(monkeypatch, ppo_module)
+    learner.add(batch)
+    learner._samples()
+    ((*_, traces),) = calls
+    if not trace_cut:
+        assert traces is None
+        return
+    expected = np.minimum(1.0, np.exp(prox.numpy().reshape(T, K) - batch["logp"]))
+    np.testing.assert_allclose(traces, expected, rtol=1e-4)
+    assert 0.0 < traces.min() < 1.0  # some cut, none above 1
+
+
+def test_the_mappo_learner_cuts_the_team_trace_by_the_joint_actions_ratio(monkeypatch):
+    """With a team value the trace is the joint action's, min(1, product of the agents' pi_prox / mu)."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    cfg = MAPPOConfig(epochs=1, minibatches=1, hidden=[16], trace_cut=True)
+    learner = MAPPOLearner(cfg, TEAM_OBS, TEAM_ACTIONS)
+    behaviour = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
+    behaviour.load_weights(learner.weights())
+    batch = team_fragment(behaviour, rng)
+    with torch.no_grad():  # the learner has moved on since
+        for p in learner.net.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        logits, _ = learner.net.logits(
+            torch.from_numpy(batch["obs"].reshape(-1, 3, 5)), torch.from_numpy(batch["avail_actions"].reshape(-1, 3, 4))
+        )
+    prox = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(batch["action"].reshape(-1, 3, 1))).squeeze(-1)
+    calls = spy_on_compute_gae(monkeypatch, mappo_module)
+    learner.add(batch)
+    learner.update()
+    ((_, values, *_, traces),) = calls
+    log_ratio = prox.numpy().reshape(batch["logp"].shape) - batch["logp"]
+    if values.ndim == 2:  # a team value: the joint action's trace
+        expected = np.minimum(1.0, np.exp(log_ratio.sum(-1)))
+    else:
+        expected = np.minimum(1.0, np.exp(log_ratio)).reshape(traces.shape)
+    np.testing.assert_allclose(traces, expected, rtol=1e-4, atol=1e-6)

@@ -178,14 +178,23 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
 
     def _advantages(
-        self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray
+        self, rows: Mapping[str, np.ndarray], values: np.ndarray, bootstrap: np.ndarray, log_ratio: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """GAE of the team reward per env (values [T, K]) or per agent (values [T, K, n]);
-        advantages, returns and values, each [T, K, n]."""
+        advantages, returns and values, each [T, K, n]. `log_ratio` [T, K, n] (trace_cut): log pi_prox / mu
+        of each active agent's action; the team's trace is that of the joint action, min(1, prod of ratios)."""
         T, K, n = rows["active"].shape
         if values.ndim == 2:
+            traces = None if log_ratio is None else np.minimum(1.0, np.exp(log_ratio.sum(-1)))
             adv, ret = compute_gae(
-                rows["reward"], values, bootstrap, rows["done"], rows["terminated"], self.cfg.gamma, self.cfg.gae_lambda
+                rows["reward"],
+                values,
+                bootstrap,
+                rows["done"],
+                rows["terminated"],
+                self.cfg.gamma,
+                self.cfg.gae_lambda,
+                traces,
             )
             return tuple(np.repeat(x[..., None], n, -1) for x in (adv, ret, values))  # type: ignore[return-value]
         per_agent = [
@@ -199,6 +208,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
             per_agent[2],
             self.cfg.gamma,
             self.cfg.gae_lambda,
+            None if log_ratio is None else np.minimum(1.0, np.exp(log_ratio)).reshape(T, K * n),
         )
         return adv.reshape(T, K, n), ret.reshape(T, K, n), values
 
@@ -217,7 +227,10 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
             b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b)
         else:
             b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
-        adv, ret, values = self._advantages(rows, b["value"].cpu().numpy(), bootstrap.cpu().numpy())
+        log_ratio = None
+        if c.proximal and c.trace_cut:  # inactive agents' actions count for nothing
+            log_ratio = ((b["prox_logp"] - b["logp"]).cpu().numpy() * rows["active"]).astype(np.float32)
+        adv, ret, values = self._advantages(rows, b["value"].cpu().numpy(), bootstrap.cpu().numpy(), log_ratio)
         mask = rows["valid"][..., None] & rows["active"].astype(bool)  # agent-steps that count
         b.update(
             {
