@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tianji.config import build_config
 from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import shm_root
 from tianji.tools.train import train
@@ -332,3 +333,27 @@ def test_a_learner_group_under_average_differs_by_no_more_than_each_learners_own
     own = first["sync"]["own_progress"] + second["sync"]["own_progress"]
     print(f"\n  average every 4: learners apart by {apart:.2e}, own progress since the last average {own:.2e}")
     assert apart <= own + 1e-6, (apart, own)  # without the averages applied: 1.3e-2 apart vs 2.7e-3 own
+
+
+@pytest.mark.parametrize(
+    "balance",
+    [{"max_policy_lag": 0, "publish_delay": 2}, {"max_policy_lag": 2, "refresh_weights": "step"}],
+    ids=["publish_delay", "refresh_weights"],
+)
+def test_delayed_and_mid_fragment_weights_run_inside_the_lag_bound(balance, tmp_path):
+    """publish_delay keeps a bound-0 run synchronous (lag 0) while its actors act with weights two updates
+    old (so the learner sees a behaviour KL above 0); actors taking weights between steps keep the bound."""
+    raw = {
+        "name": "weights",
+        "algo": {"name": "ppo", "epochs": 2, "minibatches": 2, "lr": 3e-3, "proximal": True},
+        "stop": {"max_env_steps": 6144},
+        "topology": {"actors": 2, "envs_per_actor": 4, "fragment_length": 32},
+        "balance": {**balance, "max_inflight": 2},
+        "logging": {"console": False, "interval_s": 0.2},
+    }
+    run_dir, summary = train(build_config(raw), "local", run_dir=str(tmp_path / "run"))
+    assert summary["stop_reason"] == "max_env_steps"
+    assert_lag_bounded(summary, balance["max_policy_lag"])
+    if "publish_delay" in balance:
+        rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
+        assert max(float(r["train/behaviour_kl"] or 0) for r in rows) > 1e-4  # 0 (to 1e-7) when fresh

@@ -123,7 +123,7 @@ class BalanceConfig(Section):
         ge=0,
         description="Diagnosis, not training: actors get the weights of this many updates ago under the current "
         "version. With max_policy_lag 0 the run stays synchronous while its data are as old as at that lag: the "
-        "cost of data age alone, apart from asynchrony (benchmarks/pong_staleness.py --delays).",
+        "cost of data age alone, apart from asynchrony (benchmarks/pong_staleness.py --variant).",
     )
     refresh_weights: Literal["fragment", "step"] = Field(
         "fragment",

@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -161,10 +162,8 @@ def actor_loop(
         learner.ask_for_weights()  # not published yet, or lost on the way: the reply to a hello has them
         return False
 
-    def refresh() -> None:
-        learner.newest_weights(actor)
-
-    between_steps = refresh if cfg.balance.refresh_weights == "step" else None
+    # balance.refresh_weights=step: weights published mid-fragment act from the next env step on
+    between_steps = partial(learner.newest_weights, actor) if cfg.balance.refresh_weights == "step" else None
     last_event = time.time()
     try:
         while True:
