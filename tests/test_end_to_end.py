@@ -220,8 +220,6 @@ def test_resume_a_group_of_two_learners(tiny_config, tmp_path):
     def config(steps):
         raw = tiny_config(max_env_steps=steps).model_dump(mode="json")
         raw["topology"].update(learners=2, actors=2)
-        from tianji.config import build_config
-
         return build_config(raw)
 
     run_dir, first = train(config(2048), "local", run_dir=str(tmp_path / "run"))
@@ -259,8 +257,6 @@ def test_inline_and_local_run_the_same_balance_logic(algo, balance, tmp_path):
     """Both launchers drive one learner service: credits granted, lag inside the bound, nothing (PPO) or
     almost nothing (DQN) dropped: lag-aware credits keep actors from producing fragments destined to
     be dropped; the replay ratio held."""
-    from tianji.config import build_config
-
     raw = {
         "name": "balance",
         "algo": algo,
@@ -287,8 +283,6 @@ def test_inline_and_local_run_the_same_balance_logic(algo, balance, tmp_path):
 
 def test_a_learner_group_under_allreduce_ends_with_identical_checkpoints(tmp_path):
     """The group end to end: two learners that average every gradient step together end bit-identical."""
-    from tianji.config import build_config
-
     raw = {
         "name": "group",
         "topology": {"actors": 2, "learners": 2, "envs_per_actor": 4, "fragment_length": 16},
@@ -314,8 +308,6 @@ def test_a_learner_group_under_average_differs_by_no_more_than_each_learners_own
     """Relaxed sync end to end: learners train on their own and average parameters every 4 updates, so at
     the end they differ, but by no more than what each learned on its own since the last average (the
     sum of its own updates' largest parameter changes): the average before that is common."""
-    from tianji.config import build_config
-
     raw = {
         "name": "group",
         "topology": {"actors": 2, "learners": 2, "envs_per_actor": 4, "fragment_length": 16},

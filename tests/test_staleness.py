@@ -197,18 +197,24 @@ def team_fragment(policy: MAPPOPolicy, rng: np.random.Generator, T: int = 6, k: 
     return {**arrays, **policy.finish_fragment(arrays, last)}
 
 
-@pytest.mark.parametrize("recurrent", [False, True])
-def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent):
+def moved_mappo_learner(cfg: MAPPOConfig) -> tuple[MAPPOLearner, dict[str, np.ndarray]]:
+    """A MAPPO learner and a fragment its policy made, after which the learner's parameters moved on."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16])
     learner = MAPPOLearner(cfg, TEAM_OBS, TEAM_ACTIONS)
     behaviour = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
     behaviour.load_weights(learner.weights())
     batch = team_fragment(behaviour, rng)
-    with torch.no_grad():  # the learner has moved on since
+    with torch.no_grad():
         for p in learner.net.parameters():
             p.add_(0.1 * torch.randn_like(p))
+    return learner, batch
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent):
+    cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16])
+    learner, batch = moved_mappo_learner(cfg)
     fresh = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
     fresh.load_weights(learner.weights())
     calls = spy_on_ppo_loss(monkeypatch, mappo_module)
@@ -279,16 +285,8 @@ def test_the_ppo_learner_cuts_gae_traces_by_the_proximal_ratio(monkeypatch, trac
 
 def test_the_mappo_learner_cuts_the_team_trace_by_the_joint_actions_ratio(monkeypatch):
     """With a team value the trace is the joint action's, min(1, product of the agents' pi_prox / mu)."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    cfg = MAPPOConfig(epochs=1, minibatches=1, hidden=[16], trace_cut=True)
-    learner = MAPPOLearner(cfg, TEAM_OBS, TEAM_ACTIONS)
-    behaviour = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
-    behaviour.load_weights(learner.weights())
-    batch = team_fragment(behaviour, rng)
-    with torch.no_grad():  # the learner has moved on since
-        for p in learner.net.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    learner, batch = moved_mappo_learner(MAPPOConfig(epochs=1, minibatches=1, hidden=[16], trace_cut=True))
+    with torch.no_grad():
         logits, _ = learner.net.logits(
             torch.from_numpy(batch["obs"].reshape(-1, 3, 5)), torch.from_numpy(batch["avail_actions"].reshape(-1, 3, 4))
         )
