@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import PPOConfig, ppo_loss
+from tianji.algos.ppo import PPOConfig, anchored_bounds, clip_bounds, ppo_loss
 
 
 def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam, traces=None):
@@ -131,3 +131,37 @@ def test_ppo_loss_gradient_is_clipped_outside_trust_region():
     loss, _ = ppo_loss(new_logp, torch.zeros(1), torch.ones(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), cfg)
     loss.backward()
     assert new_logp.grad.item() == 0.0
+
+
+def test_anchored_bounds_match_reference():
+    """Bounds on pi / pi_prox that keep pi / mu within 1 +- clip, never narrower than 1 +- step."""
+    rng = np.random.default_rng(2)
+    prox, behaviour = rng.normal(-1.0, 0.2, 256), rng.normal(-1.0, 0.2, 256)
+    low, high = anchored_bounds(torch.tensor(prox), torch.tensor(behaviour), clip=0.1, step=0.0125)
+    rho = np.exp(prox - behaviour)
+    np.testing.assert_allclose(low.numpy(), np.minimum(0.9 / rho, 1 - 0.0125), rtol=1e-12)
+    np.testing.assert_allclose(high.numpy(), np.maximum(1.1 / rho, 1 + 0.0125), rtol=1e-12)
+    fresh_low, fresh_high = anchored_bounds(torch.tensor(prox), torch.tensor(prox), clip=0.1, step=0.0125)
+    torch.testing.assert_close(fresh_low, torch.full((256,), 0.9, dtype=torch.float64))  # no lag: PPO's clip
+    torch.testing.assert_close(fresh_high, torch.full((256,), 1.1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("anchor, stops_at", [("behaviour", 1.0125), ("proximal", 1.1)])
+def test_a_stale_sample_moves_the_policy_one_step_past_the_behaviour_clip(anchor, stops_at):
+    """pi_prox already makes a good action 1.3x as likely as the actor did (past mu's 1 + clip = 1.1):
+    anchored at the behaviour policy the sample still pushes from pi_prox, but only a step (0.125 x clip);
+    anchored at pi_prox (decoupled PPO) it pushes a whole clip further, on the strength of the same data."""
+    cfg = PPOConfig(clip=0.1, normalize_advantages=False, value_coef=0.0, clip_anchor=anchor)
+    prox, behaviour = torch.zeros(1), torch.tensor([-np.log(1.3)], dtype=torch.float32)
+    bounds = clip_bounds(prox, behaviour, cfg)
+
+    def gradient(ratio_to_prox: float) -> float:
+        new_logp = torch.tensor([np.log(ratio_to_prox)], dtype=torch.float32, requires_grad=True)
+        zeros = torch.zeros(1)
+        loss, _ = ppo_loss(new_logp, prox, torch.ones(1), zeros, zeros, zeros, cfg, bounds=bounds)
+        loss.backward()
+        return new_logp.grad.item()
+
+    assert gradient(1.0) < 0  # the first step follows the advantage
+    assert gradient(stops_at - 0.005) < 0
+    assert gradient(stops_at + 0.005) == 0.0

@@ -4,8 +4,8 @@ teach the learner about as much as a fresh one.
 The reference is the importance-weighted policy gradient at the learner's current parameters,
 -mean(pi/mu * A) over the stale batch (what an unbiased off-policy update would follow). PPO's clip
 centred on the actor's policy mu zeroes the gradient of every sample already outside the clip; the
-proximal clip (centred on the learner's own policy at the start of the update, each sample weighted by
-min(pi_prox/mu, rho_bar)) keeps its direction.
+correction (the ratio taken to the learner's own policy at the start of the update, each sample weighted
+by min(pi_prox/mu, rho_bar), every sample free to move a small step from pi_prox) keeps its direction.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tianji.algos.mappo as mappo_module
 import tianji.algos.ppo as ppo_module
 from tianji.algos.base import Placement
 from tianji.algos.mappo import MAPPOConfig, MAPPOLearner, MAPPOPolicy
-from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, ppo_loss, proximal_weights
+from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, clip_bounds, ppo_loss, proximal_weights
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
 ACTIONS = gym.spaces.Discrete(6)
@@ -73,7 +73,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def first_step_gradients(lag: int) -> dict[str, float]:
     """Cosines with the importance-weighted gradient of the first gradient step on a batch `lag`
-    versions old, for the clip around the behaviour policy and the proximal clip."""
+    versions old, for the clip around the behaviour policy and the correction (`algo.proximal`)."""
     learner, behaviour, rng = lagged_learner(lag)
     learner.add(fragment(behaviour, rng))
     samples, stats = learner._samples()
@@ -85,11 +85,12 @@ def first_step_gradients(lag: int) -> dict[str, float]:
     weighted = flat_grad(-((logp - samples["logp"]).exp() * normalised).mean(), params)
     behaviour_clip, _ = ppo_loss(logp, samples["logp"], adv, value, samples["ret"], entropy, cfg)
     weights = proximal_weights(samples["prox_logp"], samples["logp"], cfg.rho_bar)
-    proximal_clip, _ = ppo_loss(logp, samples["prox_logp"], adv, value, samples["ret"], entropy, cfg, weights=weights)
+    bounds = clip_bounds(samples["prox_logp"], samples["logp"], cfg)
+    corrected, _ = ppo_loss(logp, samples["prox_logp"], adv, value, samples["ret"], entropy, cfg, None, weights, bounds)
     outside = ((samples["prox_logp"] - samples["logp"]).exp() - 1).abs() > cfg.clip
     return {
         "behaviour": cosine(flat_grad(behaviour_clip, params), weighted),
-        "proximal": cosine(flat_grad(proximal_clip, params), weighted),
+        "corrected": cosine(flat_grad(corrected, params), weighted),
         "outside": float(outside.float().mean()),
         "kl": stats["behaviour_kl"],
     }
@@ -99,7 +100,7 @@ def test_a_batch_four_versions_old_keeps_the_importance_weighted_direction():
     result = first_step_gradients(lag=4)
     assert 0.005 < result["kl"] < 0.05, result  # as far as Pong's policy moves in 4 versions (KL 0.012)
     assert result["outside"] > 0.3, result  # many samples start outside the clip
-    assert result["proximal"] >= 0.9, result
+    assert result["corrected"] >= 0.9, result
     assert result["behaviour"] < 0.5, result  # what the clip around the actor's policy gives (-0.46 here)
 
 
@@ -129,11 +130,17 @@ def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
     calls: list[dict] = []
     real = ppo_loss
 
-    def spy(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values=None, weights=None):
+    def spy(
+        new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values=None, weights=None, bounds=None
+    ):
         calls.append(
-            {"old_logp": old_logp.detach().clone(), "weights": None if weights is None else weights.detach().clone()}
+            {
+                "old_logp": old_logp.detach().clone(),
+                "weights": None if weights is None else weights.detach().clone(),
+                "bounds": None if bounds is None else tuple(bound.detach().clone() for bound in bounds),
+            }
         )
-        return real(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values, weights)
+        return real(new_logp, old_logp, advantages, new_values, returns, entropy, cfg, old_values, weights, bounds)
 
     monkeypatch.setattr(module, "ppo_loss", spy)
     return calls
@@ -154,12 +161,13 @@ def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(m
     learner.update()
     (call,) = calls
     behaviour_logp = batch["logp"].reshape(-1)
-    if proximal:  # clip around the learner's own policy, weights from the fragment's log-probs
-        expected = np.minimum(np.exp(prox.numpy() - behaviour_logp), learner.cfg.rho_bar)
-        np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(expected), rtol=1e-4)
+    if proximal:  # ratio to the learner's own policy, weights and clip bounds from the fragment's log-probs
+        rho = np.exp(prox.numpy() - behaviour_logp)
+        np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(np.minimum(rho, 2.0)), rtol=1e-4)
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(prox.numpy()), rtol=1e-5)
+        assert_anchored_to(call["bounds"], rho, learner.cfg)
     else:  # the clip around the fragment's own log-probs
-        assert call["weights"] is None
+        assert call["weights"] is None and call["bounds"] is None
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(behaviour_logp), rtol=1e-6)
 
 
@@ -232,8 +240,18 @@ def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss
     expected_prox = (
         torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(batch["action"].reshape(-1, 3, 1))).squeeze(-1)
     )
-    expected = np.minimum(np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1)), cfg.rho_bar)
-    np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(expected), rtol=1e-4, atol=1e-6)
+    rho = np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1))
+    np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(np.minimum(rho, 2.0)), rtol=1e-4, atol=1e-6)
+    assert_anchored_to(call["bounds"], rho, cfg)
+
+
+def assert_anchored_to(bounds: tuple[torch.Tensor, torch.Tensor], rho: np.ndarray, cfg: PPOConfig | MAPPOConfig):
+    """The loss clipped pi / pi_prox so that pi / mu stays within 1 +- clip, or a step of
+    proximal_step x clip around pi_prox (`rho` = pi_prox / mu per sample, in any order)."""
+    step = cfg.proximal_step * cfg.clip
+    low, high = (np.sort(bound.numpy()) for bound in bounds)
+    np.testing.assert_allclose(low, np.sort(np.minimum((1 - cfg.clip) / rho, 1 - step)), rtol=1e-4)
+    np.testing.assert_allclose(high, np.sort(np.maximum((1 + cfg.clip) / rho, 1 + step)), rtol=1e-4)
 
 
 def learner_logits_recurrent(policy: MAPPOPolicy, batch: dict[str, np.ndarray]) -> torch.Tensor:

@@ -33,7 +33,7 @@ from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces,
 from tianji.algos.common.networks import last_linear
 from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import SurrogateConfig, ppo_loss, proximal_weights, staleness_stats
+from tianji.algos.ppo import SurrogateConfig, clip_bounds, ppo_loss, proximal_weights, staleness_stats
 
 
 class MAPPOConfig(SurrogateConfig):
@@ -318,9 +318,10 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
-        weights = (
-            proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar) if self.cfg.proximal else None
-        )
+        weights = bounds = None
+        if self.cfg.proximal:
+            weights = proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar)
+            bounds = clip_bounds(b["prox_logp"][mask], b["logp"][mask], self.cfg)
         loss, stats = ppo_loss(
             logp[mask],
             b["prox_logp"][mask],
@@ -331,6 +332,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
             self.cfg,
             b["value"][mask],
             weights,
+            bounds,
         )
         stats.update(self.step(loss, self.sync, self.env_steps))
         return stats

@@ -84,6 +84,22 @@ class SurrogateConfig(TrainedConfig):
         "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.",
     )
     rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
+    clip_anchor: Literal["behaviour", "proximal"] = Field(
+        "behaviour",
+        description="proximal: where the clip's trust region sits. behaviour: each sample's ratio to the "
+        "actor's policy stays within 1 +- clip (the region its advantage was measured in), and every sample "
+        "may move proximal_step x clip from the learner's policy at the start of the update, so a stale one "
+        "still gives its weighted gradient. proximal: 1 +- clip around the learner's policy (decoupled PPO), "
+        "which lets stale data push the policy past what the data support (CartPole, data 4 updates old: "
+        "3.4x the env steps to 475).",
+    )
+    proximal_step: float = Field(
+        0.125,
+        ge=0,
+        le=1,
+        description="clip_anchor=behaviour: the move from the learner's policy at the start of the update "
+        "every sample may make, as a fraction of clip.",
+    )
     trace_cut: bool = Field(
         False,
         description="proximal: cut GAE's traces by min(1, pi_prox / mu) of each next action (as V-trace "
@@ -129,12 +145,14 @@ def ppo_loss(
     cfg: SurrogateSettings,
     old_values: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """Clipped surrogate + value loss - entropy bonus, each a mean over one minibatch of valid steps.
 
-    The ratio is new / old policy, `old_logp` being the policy the clip is centred on: the actor's
-    (plain PPO) or the learner's at the start of the update (proximal). `weights`: each sample's
-    surrogate times its importance weight (`proximal_weights`; none: 1).
+    The ratio is new / old policy, `old_logp` being the actor's policy (plain PPO) or the learner's at
+    the start of the update (proximal). The ratio is clipped to 1 +- cfg.clip, or to per-sample
+    `bounds` (low, high; `anchored_bounds`). `weights`: each sample's surrogate times its importance
+    weight (`proximal_weights`; none: 1).
     With `cfg.value_clip` (and `old_values`), the value loss is the larger of the plain and the
     clipped squared error, the clipped prediction staying within value_clip of old_values.
     """
@@ -142,12 +160,16 @@ def ppo_loss(
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
-    surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip, 1 + cfg.clip))
+    if bounds is None:
+        clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip)
+    else:
+        clipped = torch.min(torch.max(ratio, bounds[0]), bounds[1])
+    surrogate = torch.max(-advantages * ratio, -advantages * clipped)
     policy_loss = (surrogate if weights is None else weights * surrogate).mean()
     value_error = (new_values - returns).pow(2)
     if cfg.value_clip is not None and old_values is not None:
-        clipped = old_values + (new_values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
-        value_error = torch.max(value_error, (clipped - returns).pow(2))
+        clipped_values = old_values + (new_values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
+        value_error = torch.max(value_error, (clipped_values - returns).pow(2))
     value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
@@ -166,6 +188,34 @@ def proximal_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, 
     """min(pi_prox / mu, rho_bar) per sample: how much more (or less) likely the learner's policy at the
     start of the update makes the action than the actor's policy that took it, truncated."""
     return (proximal_logp - behaviour_logp).exp().clamp(max=rho_bar)
+
+
+def anchored_bounds(
+    proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, clip: float, step: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample bounds on pi / pi_prox that keep pi / mu within 1 +- clip, widened to at least
+    1 +- step around pi_prox.
+
+    A stale sample's advantage was measured under mu, so the surrogate it gives holds near mu: the
+    learner's policy may already have moved toward (or past) the edge of that region on the strength of
+    earlier, similar samples, and a clip centred on pi_prox would let every update take a full step
+    more. The step keeps each sample's first gradient (its importance-weighted direction) without
+    letting it drive the policy further from mu than the region plus one small step. With no lag
+    (pi_prox = mu) these are PPO's bounds 1 +- clip.
+    """
+    rho = (proximal_logp - behaviour_logp).exp()
+    low = ((1 - clip) / rho).clamp(max=1 - step)
+    high = ((1 + clip) / rho).clamp(min=1 + step)
+    return low, high
+
+
+def clip_bounds(
+    proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, cfg: SurrogateConfig
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The bounds `ppo_loss` clips the ratio to under `cfg.clip_anchor` (none: 1 +- clip around pi_prox)."""
+    if cfg.clip_anchor == "proximal":
+        return None
+    return anchored_bounds(proximal_logp, behaviour_logp, cfg.clip, cfg.proximal_step * cfg.clip)
 
 
 def staleness_stats(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
@@ -244,8 +294,11 @@ class PPOLearner(OnPolicyLearner[PolicyValueNet]):
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, value = self.net.evaluate(b["obs"], b["action"])
-        weights = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.proximal else None
-        return ppo_loss(logp, b["prox_logp"], b["adv"], value, b["ret"], entropy, self.cfg, b["value"], weights)
+        weights = bounds = None
+        if self.cfg.proximal:
+            weights = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar)
+            bounds = clip_bounds(b["prox_logp"], b["logp"], self.cfg)
+        return ppo_loss(logp, b["prox_logp"], b["adv"], value, b["ret"], entropy, self.cfg, b["value"], weights, bounds)
 
     def _samples(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The batch's valid steps as flat samples: observation, action, the behaviour log-prob (`logp`),
