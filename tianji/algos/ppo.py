@@ -7,9 +7,12 @@ Stale fragments (`proximal`, on by default): a fragment trained on k learner ver
 policy (the behaviour policy, mu) made it would get little from a clip centred on mu: at the start of
 the update many of its samples are already outside the clip and give no gradient. So, as in
 "decoupled" PPO (Hilton et al., 2022, batch size-invariance) and APPO, the learner first evaluates the
-batch with its own parameters (the proximal policy, pi_prox, and its current values); the clip is
-centred on pi_prox, each sample is weighted by min(pi_prox / mu, rho_bar), and GAE uses the current
-values. With no lag pi_prox = mu and this is PPO exactly.
+batch with its own parameters (the proximal policy, pi_prox, and its current values); the ratio is
+taken to pi_prox, each sample is weighted by min(pi_prox / mu, rho_bar), and GAE uses the current
+values. The clip keeps each sample's ratio to mu within 1 +- clip (where its advantage was measured)
+but lets every sample move a small step from pi_prox (`anchored_bounds`): a clip centred on pi_prox
+lets stale data push the policy past what they support. With no lag pi_prox = mu and this is PPO
+exactly.
 
 Fragments arrive in the actor's recording convention (see `tianji.runtime.roles.actor`):
 vector envs auto-reset on the step *after* an episode ends, so the row after a
@@ -78,10 +81,11 @@ class SurrogateConfig(TrainedConfig):
     normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
     proximal: bool = Field(
         True,
-        description="Correct stale fragments: clip around the learner's own policy at the "
+        description="Correct stale fragments: take the ratio to the learner's own policy at the "
         "start of each update (not the actor's), weight each sample by that policy's probability "
-        "over the actor's (truncated at rho_bar), and compute advantages and value targets with "
-        "the learner's current values. One extra forward pass per batch; plain PPO when lag is 0.",
+        "over the actor's (truncated at rho_bar), clip as clip_anchor says, and compute advantages "
+        "and value targets with the learner's current values. One extra forward pass per batch; "
+        "plain PPO when lag is 0.",
     )
     rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
     clip_anchor: Literal["behaviour", "proximal"] = Field(
