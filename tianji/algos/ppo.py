@@ -183,7 +183,7 @@ def ppo_loss(
             "value_loss": value_loss.detach(),
             "entropy": entropy_mean.detach(),
             "approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "clip_frac": ((ratio - 1).abs() > cfg.clip).float().mean(),
+            "clip_frac": (clipped != ratio).float().mean(),
         }
     return loss, stats
 
