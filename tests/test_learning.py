@@ -75,12 +75,18 @@ def test_two_learners_reach_the_target(preset, overrides, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_data_four_updates_old_teach_like_fresh_data(seed, tmp_path):
-    """The stale-fragment correction on data exactly 4 updates old (a synchronous run whose actors get
-    the weights of 4 updates before: balance.publish_delay): cartpole-ppo reached 475 after 117-145k
-    env steps (6 seeds; 117-154k with fresh data). Its clip anchored at the learner's own policy
-    (algo.clip_anchor=proximal) needed 158k-1.06M, median 448k: stale data pushed the policy past
+    """The stale-fragment correction anchored at the actors' policy, on data exactly 4 updates old (a
+    synchronous run whose actors get the weights of 4 updates before: balance.publish_delay):
+    cartpole-ppo (lr 2.5e-3, clip 0.4: updates fill the clip) reached 475 after 117-145k env steps
+    (6 seeds; 117-154k with fresh data). With the clip anchored at the learner's own policy
+    (algo.clip_anchor=proximal) it needed 158k-1.06M, median 448k: stale data pushed the policy past
     what they support."""
-    overrides = ["algo.proximal=true", "balance.max_policy_lag=0", "balance.publish_delay=4"]
+    overrides = [
+        "algo.proximal=true",
+        "algo.clip_anchor=behaviour",
+        "balance.max_policy_lag=0",
+        "balance.publish_delay=4",
+    ]
     cfg = load_config(
         "cartpole-ppo",
         [f"logging.run_root={tmp_path}", "logging.console=false", f"seed={seed}", "stop.max_env_steps=250000"]

@@ -146,10 +146,11 @@ def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
     return calls
 
 
-@pytest.mark.parametrize("proximal", [True, False])
-def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, proximal):
+@pytest.mark.parametrize("proximal, anchor", [(True, "proximal"), (True, "behaviour"), (False, "proximal")])
+def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, proximal, anchor):
     learner, behaviour, rng = lagged_learner(lag=2)
-    learner.cfg = learner.cfg.model_copy(update={"proximal": proximal, "minibatches": 1, "epochs": 1})
+    update = {"proximal": proximal, "clip_anchor": anchor, "minibatches": 1, "epochs": 1}
+    learner.cfg = learner.cfg.model_copy(update=update)
     batch = fragment(behaviour, rng)
     batch["logp"] = batch["logp"] - 0.05 * rng.random((T, K)).astype(np.float32)  # a behaviour policy of its own
     with torch.no_grad():  # the learner's policy before the update: the proximal one
@@ -165,7 +166,7 @@ def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(m
         rho = np.exp(prox.numpy() - behaviour_logp)
         np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(np.minimum(rho, 2.0)), rtol=1e-4)
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(prox.numpy()), rtol=1e-5)
-        assert_anchored_to(call["bounds"], rho, learner.cfg)
+        assert_clipped_as_anchored(call["bounds"], rho, learner.cfg)
     else:  # the clip around the fragment's own log-probs
         assert call["weights"] is None and call["bounds"] is None
         np.testing.assert_allclose(np.sort(call["old_logp"].numpy()), np.sort(behaviour_logp), rtol=1e-6)
@@ -219,9 +220,9 @@ def moved_mappo_learner(cfg: MAPPOConfig) -> tuple[MAPPOLearner, dict[str, np.nd
     return learner, batch
 
 
-@pytest.mark.parametrize("recurrent", [False, True])
-def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent):
-    cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16])
+@pytest.mark.parametrize("recurrent, anchor", [(False, "proximal"), (False, "behaviour"), (True, "behaviour")])
+def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent, anchor):
+    cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16], clip_anchor=anchor)
     learner, batch = moved_mappo_learner(cfg)
     fresh = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
     fresh.load_weights(learner.weights())
@@ -242,12 +243,19 @@ def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss
     )
     rho = np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1))
     np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(np.minimum(rho, 2.0)), rtol=1e-4, atol=1e-6)
-    assert_anchored_to(call["bounds"], rho, cfg)
+    assert_clipped_as_anchored(call["bounds"], rho, cfg)
 
 
-def assert_anchored_to(bounds: tuple[torch.Tensor, torch.Tensor], rho: np.ndarray, cfg: PPOConfig | MAPPOConfig):
-    """The loss clipped pi / pi_prox so that pi / mu stays within 1 +- clip, or a step of
-    proximal_step x clip around pi_prox (`rho` = pi_prox / mu per sample, in any order)."""
+def assert_clipped_as_anchored(
+    bounds: tuple[torch.Tensor, torch.Tensor] | None, rho: np.ndarray, cfg: PPOConfig | MAPPOConfig
+):
+    """clip_anchor=proximal: the loss clipped pi / pi_prox to 1 +- clip (no per-sample bounds);
+    behaviour: so that pi / mu stays within 1 +- clip, or a step of proximal_step x clip around pi_prox
+    (`rho` = pi_prox / mu per sample, in any order)."""
+    if cfg.clip_anchor == "proximal":
+        assert bounds is None
+        return
+    assert bounds is not None
     step = cfg.proximal_step * cfg.clip
     low, high = (np.sort(bound.numpy()) for bound in bounds)
     np.testing.assert_allclose(low, np.sort(np.minimum((1 - cfg.clip) / rho, 1 - step)), rtol=1e-4)
