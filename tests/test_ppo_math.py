@@ -147,7 +147,7 @@ def test_anchored_bounds_match_reference():
 
 
 @pytest.mark.parametrize("anchor, stops_at", [("behaviour", 1.0125), ("proximal", 1.1)])
-def test_a_stale_sample_moves_the_policy_one_step_past_the_behaviour_clip(anchor, stops_at):
+def test_where_each_anchor_stops_a_stale_sample(anchor, stops_at):
     """pi_prox already makes a good action 1.3x as likely as the actor did (past mu's 1 + clip = 1.1):
     anchored at the behaviour policy the sample still pushes from pi_prox, but only a step (0.125 x clip);
     anchored at pi_prox (decoupled PPO) it pushes a whole clip further, on the strength of the same data."""
