@@ -165,10 +165,7 @@ def ppo_loss(
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
-    if bounds is None:
-        clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip)
-    else:
-        clipped = torch.min(torch.max(ratio, bounds[0]), bounds[1])
+    clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) if bounds is None else ratio.clamp(*bounds)
     surrogate = torch.max(-advantages * ratio, -advantages * clipped)
     policy_loss = (surrogate if weights is None else weights * surrogate).mean()
     value_error = (new_values - returns).pow(2)
