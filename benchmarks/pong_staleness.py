@@ -8,7 +8,7 @@ Each run is one `tianji train PRESET --set balance.max_policy_lag=B` command (wi
 `algo.proximal` on or off: the stale-fragment correction; "on" with its clip centred on the learner's
 policy, `algo.clip_anchor=proximal`, as every "on" run was made), one after another, never two at once.
 A `--variant` runs the bounds again with the correction on and more settings, e.g.
-`--variant anchored:algo.clip_anchor=behaviour` (the correction's default since 2026-12-06),
+`--variant anchored:algo.clip_anchor=behaviour` (the clip anchored at the actors' policy),
 `--bounds 0 --variant delay2:balance.publish_delay=2` (a synchronous run whose data are 2 versions old:
 data age without asynchrony) or `--variant step:balance.refresh_weights=step` (actors take new weights
 between env steps).
@@ -21,7 +21,9 @@ its curve is from the synchronous one, in game points, averaged over the budget.
 also be a link to another finished run of the same settings (the zoo's run of the preset, for its bound).
 Runs already finished (stopped by their own budget, or interrupted past it) are read, not run again,
 so the script can be stopped and restarted; the table also shows every other finished run under
---run-root, so invocations with different bounds or corrections add up.
+--run-root, so invocations with different bounds or corrections add up, and `--earlier RESULTS.json`
+adds the rows of runs whose directories are gone (made on another machine or day; the figure shows
+them at the table's 0.1M-step grid, against env steps only).
 Results: benchmarks/results/pong-staleness.{md,json,png}.
 """
 
@@ -219,7 +221,7 @@ def table(rows: list[dict], args: argparse.Namespace, variants: dict[str, list[s
         "Every setting equal except the bound and the variant; runs one at a time. "
         "Env steps / minutes to each 100-episode mean, and the mean at fixed env steps. "
         "Variants: on / off: the stale-fragment correction (algo.proximal) with its clip centred on the "
-        "learner's policy (algo.clip_anchor=proximal, the default until 2026-12-06) / none; "
+        "learner's policy (algo.clip_anchor=proximal, the default) / none; "
         + "".join(f"{name}: the correction on, {', '.join(sets)}; " for name, sets in sorted(variants.items()))
         + "lag counts from the version a fragment started with.",
         "",
@@ -314,13 +316,14 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     kinds = sorted({(r["variant"] != "on", r["variant"], r["bound"]) for r in rows if r["variant"] != "off"})
     for r in rows:
-        points = curve(metric_rows(run_root / r["run"], max_env_steps))
+        points = plotted_curve(r, run_root, max_env_steps)
         kind = (r["variant"] != "on", r["variant"], r["bound"])
         colour = "black" if r["variant"] == "off" else colours[kinds.index(kind) % len(colours)]
         style = ":" if r["variant"] == "off" else ("-" if r["seed"] == 0 else "--")  # seeds, correction apart
         label = f"lag <= {r['bound']}, {r['variant']}, seed {r['seed']}"
         axes[0].plot([p[1] / 1e6 for p in points], [p[2] for p in points], style, color=colour, label=label)
-        axes[1].plot([p[0] / 60 for p in points], [p[2] for p in points], style, color=colour, label=label)
+        timed = [p for p in points if p[0] is not None]
+        axes[1].plot([p[0] / 60 for p in timed], [p[2] for p in timed], style, color=colour, label=label)
     for ax, label in ((axes[0], "env steps (millions)"), (axes[1], "wall time (minutes)")):
         ax.set_xlabel(label)
         ax.set_ylabel("100-episode mean game score")
@@ -337,13 +340,33 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     plt.close(fig)
 
 
+def plotted_curve(row: dict, run_root: Path, max_env_steps: float) -> list[tuple[float | None, float, float]]:
+    """The run's curve from its metrics, or, for a row of --earlier whose directory is gone, its scores at
+    the grid's env steps (no times)."""
+    if (run_root / row["run"] / "metrics.csv").exists():
+        return list(curve(metric_rows(run_root / row["run"], max_env_steps)))
+    grid = sorted((float(key[:-1]) * 1e6, score) for key, score in row["score_at"].items() if score is not None)
+    return [(None, steps, score) for steps, score in grid]
+
+
+def earlier_results(paths: list[Path], taken: set[str]) -> tuple[list[dict], dict[str, list[str]]]:
+    """Rows and variants of earlier results files, for runs not found under --run-root."""
+    rows: list[dict] = []
+    variants: dict[str, list[str]] = {}
+    for path in paths:
+        results = json.loads(path.read_text())
+        variants.update(results.get("variants", {}))
+        rows += [r for r in results["runs"] if r["run"] not in taken and r["run"] not in {x["run"] for x in rows}]
+    return rows, variants
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="pong-ppo")
     parser.add_argument("--bounds", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     parser.add_argument("--seeds", type=int, default=1, help="seeds per bound")
     parser.add_argument("--two-seeds", type=int, nargs="*", default=[0, 4], help="bounds run with 2 seeds")
-    parser.add_argument("--correction", nargs="+", choices=["on", "off"], default=["on"])
+    parser.add_argument("--correction", nargs="*", choices=["on", "off"], default=["on"])
     parser.add_argument(
         "--variant",
         type=variant_settings,
@@ -365,6 +388,14 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=40.0)
     parser.add_argument("--run-root", default="runs/pong-staleness")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RESULTS.json",
+        help="an earlier results file: its runs join the table where their directories are not under --run-root",
+    )
     parser.add_argument("--out", default=str(RESULTS / "pong-staleness"))
     args = parser.parse_args()
     run_root = Path(args.run_root)
@@ -385,10 +416,14 @@ def main() -> None:
                 rows.append(describe(run_dir, bound, variant, seed, args.max_env_steps))
                 print(f"{run_dir.name}: {rows[-1]['reached']}", flush=True)
     rows += earlier_runs(run_root, {r["run"] for r in rows}, args.max_env_steps)
+    earlier_rows, earlier_variants = earlier_results(args.earlier, {r["run"] for r in rows})
+    rows += earlier_rows
+    variants = {**earlier_variants, **variants}
     relative_to_synchronous(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"preset": args.preset, "runs": rows}, indent=2))
+    results = {"preset": args.preset, "variants": variants, "runs": rows}
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     out.with_suffix(".md").write_text(table(rows, args, variants))
     figure(rows, run_root, out.with_suffix(".png"), args.max_env_steps, args.preset)
     print(table(rows, args, variants))

@@ -146,11 +146,24 @@ def test_anchored_bounds_match_reference():
     torch.testing.assert_close(fresh_high, torch.full((256,), 1.1, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("anchor, stops_at", [("behaviour", 1.0125), ("proximal", 1.1)])
-def test_where_each_anchor_stops_a_stale_sample(anchor, stops_at):
-    """pi_prox already makes a good action 1.3x as likely as the actor did (past mu's 1 + clip = 1.1):
-    anchored at the behaviour policy the sample still pushes from pi_prox, but only a step (0.125 x clip);
-    anchored at pi_prox (decoupled PPO) it pushes a whole clip further, on the strength of the same data."""
+@pytest.mark.parametrize(
+    "anchor, advantage, stops_at",
+    [
+        ("behaviour", 1.0, 1.0125),
+        ("both", 1.0, 1.0125),
+        ("proximal", 1.0, 1.1),
+        ("behaviour", -1.0, 0.9 / 1.3),
+        ("both", -1.0, 0.9),
+        ("proximal", -1.0, 0.9),
+    ],
+)
+def test_where_each_anchor_stops_a_stale_sample(anchor, advantage, stops_at):
+    """pi_prox already makes the action 1.3x as likely as the actor did (past mu's 1 + clip = 1.1).
+    A good action: anchored at the behaviour policy (behaviour, both) the sample still pushes from pi_prox,
+    but only a step (0.125 x clip); anchored at pi_prox (decoupled PPO) it pushes a whole clip further, on
+    the strength of the same data. A bad action: the behaviour anchor lets the stale sample pull the policy
+    back to mu's region's edge, (1 - clip) / 1.3 = 0.69 of pi_prox, undoing what fresher data taught;
+    both and proximal stop it a clip from pi_prox, as far as a fresh sample moves."""
     cfg = PPOConfig(clip=0.1, normalize_advantages=False, value_coef=0.0, clip_anchor=anchor)
     prox, behaviour = torch.zeros(1), torch.tensor([-np.log(1.3)], dtype=torch.float32)
     bounds = clip_bounds(prox, behaviour, cfg)
@@ -158,10 +171,22 @@ def test_where_each_anchor_stops_a_stale_sample(anchor, stops_at):
     def gradient(ratio_to_prox: float) -> float:
         new_logp = torch.tensor([np.log(ratio_to_prox)], dtype=torch.float32, requires_grad=True)
         zeros = torch.zeros(1)
-        loss, _ = ppo_loss(new_logp, prox, torch.ones(1), zeros, zeros, zeros, cfg, bounds=bounds)
+        loss, _ = ppo_loss(new_logp, prox, torch.tensor([advantage]), zeros, zeros, zeros, cfg, bounds=bounds)
         loss.backward()
         return new_logp.grad.item()
 
-    assert gradient(1.0) < 0  # the first step follows the advantage
-    assert gradient(stops_at - 0.005) < 0
-    assert gradient(stops_at + 0.005) == 0.0
+    onward = 0.005 * advantage  # a little further in the direction the advantage pushes
+    assert gradient(1.0) * advantage < 0  # the first step follows the advantage
+    assert gradient(stops_at - onward) * advantage < 0
+    assert gradient(stops_at + onward) == 0.0
+
+
+def test_both_anchor_is_behaviour_within_the_proximal_clip():
+    """clip_anchor=both: the anchored bounds, held within 1 +- clip of pi_prox."""
+    rng = np.random.default_rng(3)
+    prox, behaviour = torch.tensor(rng.normal(-1.0, 0.2, 256)), torch.tensor(rng.normal(-1.0, 0.2, 256))
+    low, high = clip_bounds(prox, behaviour, PPOConfig(clip=0.1, clip_anchor="both"))
+    anchored_low, anchored_high = anchored_bounds(prox, behaviour, clip=0.1, step=0.0125)
+    np.testing.assert_allclose(low.numpy(), np.maximum(anchored_low.numpy(), 0.9), rtol=1e-12)
+    np.testing.assert_allclose(high.numpy(), np.minimum(anchored_high.numpy(), 1.1), rtol=1e-12)
+    assert (low < 1).all() and (high > 1).all()  # every sample's first gradient survives

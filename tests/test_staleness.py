@@ -146,7 +146,9 @@ def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
     return calls
 
 
-@pytest.mark.parametrize("proximal, anchor", [(True, "proximal"), (True, "behaviour"), (False, "proximal")])
+@pytest.mark.parametrize(
+    "proximal, anchor", [(True, "proximal"), (True, "behaviour"), (True, "both"), (False, "proximal")]
+)
 def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, proximal, anchor):
     learner, behaviour, rng = lagged_learner(lag=2)
     update = {"proximal": proximal, "clip_anchor": anchor, "minibatches": 1, "epochs": 1}
@@ -220,7 +222,9 @@ def moved_mappo_learner(cfg: MAPPOConfig) -> tuple[MAPPOLearner, dict[str, np.nd
     return learner, batch
 
 
-@pytest.mark.parametrize("recurrent, anchor", [(False, "proximal"), (False, "behaviour"), (True, "behaviour")])
+@pytest.mark.parametrize(
+    "recurrent, anchor", [(False, "proximal"), (False, "behaviour"), (False, "both"), (True, "behaviour")]
+)
 def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, recurrent, anchor):
     cfg = MAPPOConfig(epochs=1, minibatches=1, recurrent=recurrent, rnn_hidden=8, hidden=[16], clip_anchor=anchor)
     learner, batch = moved_mappo_learner(cfg)
@@ -250,16 +254,20 @@ def assert_clipped_as_anchored(
     bounds: tuple[torch.Tensor, torch.Tensor] | None, rho: np.ndarray, cfg: PPOConfig | MAPPOConfig
 ):
     """clip_anchor=proximal: the loss clipped pi / pi_prox to 1 +- clip (no per-sample bounds);
-    behaviour: so that pi / mu stays within 1 +- clip, or a step of proximal_step x clip around pi_prox
-    (`rho` = pi_prox / mu per sample, in any order)."""
+    behaviour: so that pi / mu stays within 1 +- clip, or a step of proximal_step x clip around pi_prox;
+    both: behaviour's, within 1 +- clip (`rho` = pi_prox / mu per sample, in any order)."""
     if cfg.clip_anchor == "proximal":
         assert bounds is None
         return
     assert bounds is not None
     step = cfg.proximal_step * cfg.clip
     low, high = (np.sort(bound.numpy()) for bound in bounds)
-    np.testing.assert_allclose(low, np.sort(np.minimum((1 - cfg.clip) / rho, 1 - step)), rtol=1e-4)
-    np.testing.assert_allclose(high, np.sort(np.maximum((1 + cfg.clip) / rho, 1 + step)), rtol=1e-4)
+    expected_low = np.minimum((1 - cfg.clip) / rho, 1 - step)
+    expected_high = np.maximum((1 + cfg.clip) / rho, 1 + step)
+    if cfg.clip_anchor == "both":
+        expected_low, expected_high = np.maximum(expected_low, 1 - cfg.clip), np.minimum(expected_high, 1 + cfg.clip)
+    np.testing.assert_allclose(low, np.sort(expected_low), rtol=1e-4)
+    np.testing.assert_allclose(high, np.sort(expected_high), rtol=1e-4)
 
 
 def learner_logits_recurrent(policy: MAPPOPolicy, batch: dict[str, np.ndarray]) -> torch.Tensor:

@@ -88,13 +88,15 @@ class SurrogateConfig(TrainedConfig):
         "plain PPO when lag is 0.",
     )
     rho_bar: float = Field(2.0, gt=0, description="proximal: truncation of the importance weight pi_prox / mu.")
-    clip_anchor: Literal["proximal", "behaviour"] = Field(
+    clip_anchor: Literal["proximal", "behaviour", "both"] = Field(
         "proximal",
         description="proximal: where the clip's trust region sits. proximal: 1 +- clip around the learner's "
         "policy at the start of the update (decoupled PPO). behaviour: each sample's ratio to the actor's "
         "policy stays within 1 +- clip (the region its advantage was measured in), and every sample may "
         "move proximal_step x clip from the learner's policy, so a stale one still gives its weighted "
-        "gradient. Pick behaviour where updates fill the clip (a high learning rate, train/clip_frac high): "
+        "gradient. both: behaviour's bounds, and never more than 1 +- clip from the learner's policy, so a "
+        "stale sample cannot pull the policy back toward the actor's further than a fresh one moves it. "
+        "Pick behaviour or both where updates fill the clip (a high learning rate, train/clip_frac high): "
         "there stale data push a policy anchored at the learner's past what they support (CartPole, data 4 "
         "updates old: 121k env steps to 475 against 448k); elsewhere it learned as fast or slightly slower.",
     )
@@ -214,10 +216,17 @@ def anchored_bounds(
 def clip_bounds(
     proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, cfg: SurrogateConfig
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The bounds `ppo_loss` clips the ratio to under `cfg.clip_anchor` (none: 1 +- clip around pi_prox)."""
+    """The bounds `ppo_loss` clips the ratio to under `cfg.clip_anchor` (none: 1 +- clip around pi_prox).
+
+    `both` also keeps them within 1 +- clip: anchored bounds alone let a sample the learner's policy has
+    already moved past mu's region (rho > 1 + clip) take the policy back down to (1 - clip) / rho, a
+    larger step toward mu than any fresh sample takes, undoing what fresher data taught."""
     if cfg.clip_anchor == "proximal":
         return None
-    return anchored_bounds(proximal_logp, behaviour_logp, cfg.clip, cfg.proximal_step * cfg.clip)
+    low, high = anchored_bounds(proximal_logp, behaviour_logp, cfg.clip, cfg.proximal_step * cfg.clip)
+    if cfg.clip_anchor == "both":
+        low, high = low.clamp(min=1 - cfg.clip), high.clamp(max=1 + cfg.clip)
+    return low, high
 
 
 def staleness_stats(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
