@@ -142,8 +142,9 @@ def test_service_publishes_weights_delayed_by_publish_delay():
     """balance.publish_delay=2 (a diagnosis of data age): after each update the actors get the weights of two
     updates before, under the newest version; with 0, the newest weights."""
 
-    def published_after_updates(delay, updates=4):
-        cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": {"publish_delay": delay}})
+    def published_after_updates(delay, updates=4, varies=False):
+        balance = {"publish_delay": delay, "publish_delay_varies": varies}
+        cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": balance})
         service = LearnerService(Learner(FakeAlgoLearner(), max_policy_lag=0), cfg)
         actor, out = make_actor(), []
         for _ in range(updates):
@@ -155,3 +156,8 @@ def test_service_publishes_weights_delayed_by_publish_delay():
 
     assert published_after_updates(0) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
     assert published_after_updates(2) == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0)]
+    # publish_delay_varies: each publish's age drawn from 0..4, as asynchronous data's age varies
+    varied = published_after_updates(4, updates=60, varies=True)
+    ages = [version - weights for version, weights in varied[4:]]  # the history is full from the fifth on
+    assert set(ages) == {0, 1, 2, 3, 4}
+    assert [version for version, _ in varied] == list(range(1, 61))  # the newest version: actors take them all

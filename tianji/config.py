@@ -125,6 +125,11 @@ class BalanceConfig(Section):
         "version. With max_policy_lag 0 the run stays synchronous while its data are as old as at that lag: the "
         "cost of data age alone, apart from asynchrony (benchmarks/pong_staleness.py --variant).",
     )
+    publish_delay_varies: bool = Field(
+        False,
+        description="Diagnosis, with publish_delay: each publish's delay is drawn uniformly from 0 to "
+        "publish_delay, so the data's age varies from fragment to fragment as it does asynchronously.",
+    )
     refresh_weights: Literal["fragment", "step"] = Field(
         "fragment",
         description="When an actor takes weights the learner has published: before each fragment (a fragment "

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar, cast
 
+import numpy as np
+
 from tianji.config import Config
 from tianji.runtime.balance import CreditLedger
 from tianji.runtime.roles.actor import Fragment
@@ -59,6 +61,7 @@ class LearnerService(Generic[PeerT]):
         self.published_weights = learner.weights()
         # balance.publish_delay: the weights of the last updates, the oldest published (a diagnosis of data age)
         self._delayed: deque[Any] = deque(maxlen=cfg.balance.publish_delay + 1)
+        self._delay_draws = np.random.default_rng(cfg.seed) if cfg.balance.publish_delay_varies else None
         self.clock = clock
         self._last_event = self._last_checkpoint = clock()
         self._checkpointed_version = learner.version  # a resumed learner's is on disk already
@@ -120,7 +123,8 @@ class LearnerService(Generic[PeerT]):
         if self.learner.version % self.publish_every:
             return None
         self._delayed.append(self.learner.weights())
-        self.published, self.published_weights = self.learner.version, self._delayed[0]
+        oldest = 0 if self._delay_draws is None else int(self._delay_draws.integers(len(self._delayed)))
+        self.published, self.published_weights = self.learner.version, self._delayed[oldest]
         return self.published, self.published_weights
 
     def grants(self) -> list[tuple[PeerT, int, int]]:
