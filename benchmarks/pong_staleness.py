@@ -354,7 +354,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = [plt.get_cmap("tab20")(i) for i in range(20)]  # a colour per bound and variant, up to 20
     kinds = sorted({(r["variant"] != "on", r["variant"], r["bound"]) for r in rows if r["variant"] != "off"})
     for r in rows:
         points = plotted_curve(r, run_root, max_env_steps)
@@ -371,7 +371,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
         ax.grid(alpha=0.3)
         for threshold in THRESHOLDS:
             ax.axhline(threshold, color="grey", linewidth=0.5)
-    axes[0].legend(fontsize="x-small")
+    axes[0].legend(fontsize="xx-small", ncol=2)
     fig.suptitle(
         f"{preset}: policy-lag bounds side by side "
         "(colour: bound and variant; solid: seed 0, dashed: other seeds; dotted: no correction)"

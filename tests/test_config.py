@@ -44,6 +44,22 @@ def test_bad_values_name_the_field_and_the_expectation(override, field, expected
     assert f"{field}:" in message and expected in message
 
 
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["algo.trace_cut=true"], "algo.trace_cut is true but algo.proximal is false"),
+        (["algo.clip_anchor=both"], "algo.clip_anchor is 'both' but algo.proximal is false"),
+        (["balance.publish_delay_varies=true"], "balance.publish_delay_varies is true but balance.publish_delay is 0"),
+    ],
+)
+def test_settings_that_would_do_nothing_are_refused(overrides, named):
+    """cartpole-ppo runs without the stale-fragment correction: its parts, and a delay drawn from 0..0, would be
+    ignored silently."""
+    with pytest.raises(ConfigError, match=named):
+        load_config("cartpole-ppo", overrides)
+    assert load_config("cartpole-ppo", [*overrides, "algo.proximal=true", "balance.publish_delay=2"])
+
+
 def test_unknown_preset_lists_the_presets():
     with pytest.raises(ConfigError, match="cartpole-ppo"):
         load_config("no-such-preset")

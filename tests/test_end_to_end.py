@@ -329,8 +329,12 @@ def test_a_learner_group_under_average_differs_by_no_more_than_each_learners_own
 
 @pytest.mark.parametrize(
     "balance",
-    [{"max_policy_lag": 0, "publish_delay": 2}, {"max_policy_lag": 2, "refresh_weights": "step"}],
-    ids=["publish_delay", "refresh_weights"],
+    [
+        {"max_policy_lag": 0, "publish_delay": 2},
+        {"max_policy_lag": 0, "publish_delay": 2, "publish_delay_varies": True},
+        {"max_policy_lag": 2, "refresh_weights": "step"},
+    ],
+    ids=["publish_delay", "publish_delay_varies", "refresh_weights"],
 )
 def test_delayed_and_mid_fragment_weights_run_inside_the_lag_bound(balance, tmp_path):
     """publish_delay keeps a bound-0 run synchronous (lag 0) while its actors act with weights two updates

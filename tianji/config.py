@@ -145,6 +145,15 @@ class BalanceConfig(Section):
     )
     replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
 
+    @model_validator(mode="after")
+    def _varying_delay_needs_a_delay(self) -> BalanceConfig:
+        if self.publish_delay_varies and self.publish_delay == 0:
+            raise ValueError(
+                "balance.publish_delay_varies is true but balance.publish_delay is 0 (the delay's upper end); "
+                "set balance.publish_delay"
+            )
+        return self
+
 
 class StopConfig(Section):
     target_return: float | None = Field(None, description="Stop when target_metric reaches this return.")

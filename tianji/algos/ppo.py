@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tianji.algos.base import (
     AlgoSpec,
@@ -116,6 +116,20 @@ class SurrogateConfig(TrainedConfig):
     hidden: list[int] = Field(
         default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
     )
+
+    @model_validator(mode="after")
+    def _parts_of_the_correction_need_it(self) -> SurrogateConfig:
+        """trace_cut and a clip_anchor other than proximal shape the stale-fragment correction: without
+        it they would do nothing, silently."""
+        if not self.proximal:
+            if self.trace_cut:
+                raise ValueError("algo.trace_cut is true but algo.proximal is false; set algo.proximal: true")
+            if self.clip_anchor != "proximal":
+                raise ValueError(
+                    f"algo.clip_anchor is {self.clip_anchor!r} but algo.proximal is false (the anchor places "
+                    "the correction's clip); set algo.proximal: true or leave algo.clip_anchor at 'proximal'"
+                )
+        return self
 
 
 class SurrogateSettings(Protocol):
