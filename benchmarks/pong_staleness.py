@@ -305,6 +305,11 @@ def pooled(rows: list[dict]) -> list[str]:
     def steps(x: float) -> str:
         return "never" if x == float("inf") else f"{x / 1e6:.2f}M"
 
+    def ratio(x: float, reference: float) -> str:
+        if reference == float("inf"):
+            return "-"
+        return ">" if x == float("inf") else f"{x / reference:.2f}x"
+
     lines = [
         f"Pooled: median env steps to {' / '.join(keys)} over runs, against the {len(sync)} synchronous runs' "
         f"({' / '.join(steps(base[k]) for k in keys)}); a run that did not reach a score within the budget "
@@ -314,13 +319,9 @@ def pooled(rows: list[dict]) -> list[str]:
     for variant, bound in settings:
         runs = [r for r in rows if (r["variant"], r["bound"]) == (variant, bound)]
         medians = {key: median_steps(runs, key) for key in keys}
-        ratios = [
-            "-" if base[k] == float("inf") else f"{medians[k] / base[k]:.2f}x" if medians[k] != float("inf") else ">"
-            for k in keys
-        ]
         lines.append(
             f"- bound {bound}, {variant}, {len(runs)} run(s): {' / '.join(steps(medians[k]) for k in keys)}, "
-            f"{' / '.join(ratios)}"
+            f"{' / '.join(ratio(medians[k], base[k]) for k in keys)}"
         )
     return lines
 

@@ -123,8 +123,9 @@ class LearnerService(Generic[PeerT]):
         if self.learner.version % self.publish_every:
             return None
         self._delayed.append(self.learner.weights())
-        oldest = 0 if self._delay_draws is None else int(self._delay_draws.integers(len(self._delayed)))
-        self.published, self.published_weights = self.learner.version, self._delayed[oldest]
+        # index 0 is the oldest kept (publish_delay updates ago); publish_delay_varies draws the age instead
+        pick = 0 if self._delay_draws is None else int(self._delay_draws.integers(len(self._delayed)))
+        self.published, self.published_weights = self.learner.version, self._delayed[pick]
         return self.published, self.published_weights
 
     def grants(self) -> list[tuple[PeerT, int, int]]:
