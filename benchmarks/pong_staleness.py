@@ -41,6 +41,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 from common import train_command
 
 THRESHOLDS = (-15.0, -10.0, -5.0, 0.0, 12.0, 18.0)
@@ -247,7 +249,7 @@ def table(rows: list[dict], args: argparse.Namespace, variants: dict[str, list[s
             + " | ".join(number(r["score_at"][f"{m:g}M"]) for m in CHECKPOINTS_M)
             + f" | {ratios} |"
         )
-    lines += ["", *verdict(rows), *noise_floor(rows), "", *pooled(rows)]
+    lines += ["", *verdict(rows), *noise_floor(rows), "", *pooled(rows), "", *mean_curves(rows, args.max_env_steps)]
     return "\n".join(lines) + "\n"
 
 
@@ -324,6 +326,73 @@ def pooled(rows: list[dict]) -> list[str]:
             f"{' / '.join(ratio(medians[k], base[k]) for k in keys)}"
         )
     return lines
+
+
+BOOTSTRAP_DRAWS = 2000
+MEAN_CURVE_SCORES = (-15.0, -10.0)
+
+
+def crossing(grid: np.ndarray, curve: np.ndarray, score: float) -> float:
+    """Env steps at which a curve sampled on `grid` first reaches `score`, linearly interpolated (inf: never)."""
+    for i in np.flatnonzero(curve >= score):
+        if i == 0:
+            return float(grid[0])
+        return float(grid[i - 1] + (score - curve[i - 1]) / (curve[i] - curve[i - 1]) * (grid[i] - grid[i - 1]))
+    return float("inf")
+
+
+def mean_curve_ratios(runs: np.ndarray, sync: np.ndarray, grid: np.ndarray) -> list[float]:
+    """Env steps for the runs' average curve to reach each score over the synchronous runs' average's."""
+    mean, reference = runs.mean(axis=0), sync.mean(axis=0)
+    return [crossing(grid, mean, s) / crossing(grid, reference, s) for s in MEAN_CURVE_SCORES]
+
+
+def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
+    """Each setting's runs averaged point by point against the synchronous runs' average: the env steps each
+    average needs to reach -15 and -10, as a ratio, with a 90 % bootstrap interval (runs drawn again with
+    replacement within each group). Averaging curves before reading a score off them uses every point of
+    every run, so it is steadier than medians of single runs' crossings; a bound's cost is decided only
+    where its interval lies wholly on one side of 1.10."""
+    keys = [f"{m:g}M" for m in GRID_M if m * 1e6 <= max_env_steps * BUDGET_SLACK]
+
+    def scores(r: dict) -> list[float] | None:
+        values = [r["score_at"].get(k) for k in keys]
+        return None if None in values else values
+
+    sync_rows = [r for r in rows if is_sync(r) or (r["bound"] == 0 and r["variant"] in REPEATS)]
+    sync = np.array([s for s in map(scores, sync_rows) if s is not None])
+    if len(sync) < 2:
+        return []
+    grid = np.array([float(k[:-1]) * 1e6 for k in keys])
+    rng = np.random.default_rng(0)
+    names = " / ".join(f"{s:g}" for s in MEAN_CURVE_SCORES)
+    reference = " / ".join(f"{crossing(grid, sync.mean(axis=0), s) / 1e6:.2f}M" for s in MEAN_CURVE_SCORES)
+    lines = [
+        f"Mean curves: env steps for each setting's average curve to reach {names}, over the {len(sync)} "
+        f"synchronous runs' average ({reference}), "
+        f"with a 90 % interval ({BOOTSTRAP_DRAWS} bootstrap draws of the runs); within 10 %: the whole interval "
+        "at or under 1.10, NOT: the whole interval over it, undecided: neither."
+    ]
+    for variant, bound in sorted({(r["variant"], r["bound"]) for r in rows if r not in sync_rows}):
+        runs = np.array([s for r in rows if (r["variant"], r["bound"]) == (variant, bound) if (s := scores(r))])
+        if len(runs) >= 2:
+            lines.append(f"- bound {bound}, {variant}, {len(runs)} runs: " + interval_text(runs, sync, grid, rng))
+    return lines
+
+
+def interval_text(runs: np.ndarray, sync: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> str:
+    """The mean-curve ratios of `runs` against `sync`, their 90 % bootstrap intervals and the verdict."""
+
+    def resampled(group: np.ndarray) -> np.ndarray:
+        return group[rng.integers(len(group), size=len(group))]
+
+    point = mean_curve_ratios(runs, sync, grid)
+    draws = np.array([mean_curve_ratios(resampled(runs), resampled(sync), grid) for _ in range(BOOTSTRAP_DRAWS)])
+    low = np.percentile(draws, 5, axis=0, method="lower")  # no interpolation: a draw may never reach a score
+    high = np.percentile(draws, 95, axis=0, method="higher")
+    words = "within 10 %" if (high <= 1.10).all() else "NOT within 10 %" if (low > 1.10).any() else "undecided"
+    parts = zip(MEAN_CURVE_SCORES, point, low, high, strict=True)
+    return ", ".join(f"{s:g}: {p:.2f}x [{lo:.2f}, {hi:.2f}]" for s, p, lo, hi in parts) + f": {words}"
 
 
 def noise_floor(rows: list[dict]) -> list[str]:

@@ -1,0 +1,51 @@
+"""benchmarks/pong_staleness.py's mean-curve verdict: averaged curves, bootstrap intervals, the 10 % bar."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "pong_staleness_under_test", REPO / "benchmarks" / "pong_staleness.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_row(bound: int, variant: str, seed: int, scores: list[float]) -> dict:
+    keys = [f"{0.1 * i:.1f}M" for i in range(2, 10)]
+    return {
+        "run": f"lag{bound}-{variant}-s{seed}",
+        "bound": bound,
+        "variant": variant,
+        "seed": seed,
+        "score_at": dict(zip(keys, scores, strict=True)),
+    }
+
+
+def test_crossing_interpolates_and_says_never(monkeypatch):
+    script = load_script(monkeypatch)
+    grid = np.array([0.2e6, 0.3e6, 0.4e6])
+    assert script.crossing(grid, np.array([-20.0, -16.0, -12.0]), -15.0) == 0.325e6
+    assert script.crossing(grid, np.array([-20.0, -19.0, -18.0]), -15.0) == float("inf")
+
+
+def test_mean_curves_decide_only_when_the_interval_is_clear(monkeypatch):
+    script = load_script(monkeypatch)
+    sync_curve = np.linspace(-20, 0, 8)  # -15 after 0.375M, -10 after 0.55M
+    sync = [run_row(0, "on", s, list(sync_curve + d)) for s, d in enumerate((-0.3, 0.0, 0.3))]
+    late = [run_row(4, "on", s, list(np.linspace(-20, -6, 8) + d)) for s, d in enumerate((-0.2, 0.0, 0.2))]
+    same = [run_row(2, "on", s, list(sync_curve + d)) for s, d in enumerate((-0.1, 0.0, 0.1))]
+    noisy = [run_row(8, "on", s, list(sync_curve + d)) for s, d in enumerate((-6.0, 0.0, 4.0))]
+    lines = script.mean_curves(sync + late + same + noisy, 900_000)
+    verdicts = {line.split(",")[0]: line.rsplit(": ", 1)[1] for line in lines[1:]}
+    assert verdicts == {"- bound 4": "NOT within 10 %", "- bound 2": "within 10 %", "- bound 8": "undecided"}
+    assert "0.38M / 0.55M" in lines[0]
