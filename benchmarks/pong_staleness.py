@@ -116,6 +116,12 @@ def score_at(points: list[tuple[float, int, float]], env_steps: float) -> float 
     return before[-1] if before and points[-1][1] >= env_steps * 0.98 else None
 
 
+def minutes_at(points: list[tuple[float, int, float]], env_steps: float) -> float | None:
+    """Minutes from the start at the metrics row `score_at` reads (so --earlier rows keep a wall-time curve)."""
+    before = [t for t, steps, _ in points if steps <= env_steps]
+    return before[-1] / 60 if before and points[-1][1] >= env_steps * 0.98 else None
+
+
 def first_reaching(points: list[tuple[float, int, float]], threshold: float) -> tuple[float, int] | None:
     return next(((t, steps) for t, steps, score in points if score >= threshold), None)
 
@@ -149,6 +155,7 @@ def describe(run_dir: Path, bound: int, variant: str, seed: int, max_env_steps: 
         "env_steps_per_s": float(last["env_steps"]) / max(float(last["time_s"]), 1e-9),
         "final_score": points[-1][2] if points else None,
         "score_at": {f"{m:g}M": score_at(points, m * 1e6) for m in sorted({*CHECKPOINTS_M, *GRID_M})},
+        "minutes_at": {f"{m:g}M": minutes_at(points, m * 1e6) for m in sorted({*CHECKPOINTS_M, *GRID_M})},
         "reached": {k: (None if v is None else {"minutes": v[0] / 60, "env_steps": v[1]}) for k, v in reached.items()},
     }
 
@@ -329,7 +336,7 @@ def pooled(rows: list[dict]) -> list[str]:
 
 
 BOOTSTRAP_DRAWS = 2000
-MEAN_CURVE_SCORES = (-15.0, -10.0)
+MEAN_CURVE_SCORES = (-15.0, -10.0, -5.0)
 
 
 def crossing(grid: np.ndarray, curve: np.ndarray, score: float) -> float:
@@ -349,7 +356,7 @@ def mean_curve_ratios(runs: np.ndarray, sync: np.ndarray, grid: np.ndarray) -> l
 
 def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
     """Each setting's runs averaged point by point against the synchronous runs' average: the env steps each
-    average needs to reach -15 and -10, as a ratio, with a 90 % bootstrap interval (runs drawn again with
+    average needs to reach -15, -10 and -5, as a ratio, with a 90 % bootstrap interval (runs drawn again with
     replacement within each group). Averaging curves before reading a score off them uses every point of
     every run, so it is steadier than medians of single runs' crossings; a bound's cost is decided only
     where its interval lies wholly on one side of 1.10."""
@@ -370,7 +377,7 @@ def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
     lines = [
         f"Mean curves: env steps for each setting's average curve to reach {names}, over the {len(sync)} "
         f"synchronous runs' average ({reference}), "
-        f"with a 90 % interval ({BOOTSTRAP_DRAWS} bootstrap draws of the runs); within 10 %: the whole interval "
+        f"with a 90 % interval ({BOOTSTRAP_DRAWS} bootstrap draws of the runs; never: the average did not reach the score within the budget); within 10 %: the whole interval "
         "at or under 1.10, NOT: the whole interval over it, undecided: neither."
     ]
     for variant, bound in sorted({(r["variant"], r["bound"]) for r in rows if r not in sync_rows}):
@@ -392,7 +399,11 @@ def interval_text(runs: np.ndarray, sync: np.ndarray, grid: np.ndarray, rng: np.
     high = np.percentile(draws, 95, axis=0, method="higher")
     words = "within 10 %" if (high <= 1.10).all() else "NOT within 10 %" if (low > 1.10).any() else "undecided"
     parts = zip(MEAN_CURVE_SCORES, point, low, high, strict=True)
-    return ", ".join(f"{s:g}: {p:.2f}x [{lo:.2f}, {hi:.2f}]" for s, p, lo, hi in parts) + f": {words}"
+    return ", ".join(f"{s:g}: {times(p)} [{times(lo)}, {times(hi)}]" for s, p, lo, hi in parts) + f": {words}"
+
+
+def times(ratio: float) -> str:
+    return "never" if ratio == float("inf") else f"{ratio:.2f}x"
 
 
 def noise_floor(rows: list[dict]) -> list[str]:
@@ -423,7 +434,7 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(21, 5))
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]  # a colour per bound and variant, up to 20
     kinds = sorted({(r["variant"] != "on", r["variant"], r["bound"]) for r in rows if r["variant"] != "off"})
     for r in rows:
@@ -435,13 +446,19 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
         axes[0].plot([p[1] / 1e6 for p in points], [p[2] for p in points], style, color=colour, label=label)
         timed = [p for p in points if p[0] is not None]
         axes[1].plot([p[0] / 60 for p in timed], [p[2] for p in timed], style, color=colour, label=label)
-    for ax, label in ((axes[0], "env steps (millions)"), (axes[1], "wall time (minutes)")):
+    mean_curve_panel(axes[2], rows, max_env_steps, colours, kinds)
+    for ax, label in (
+        (axes[0], "env steps (millions)"),
+        (axes[1], "wall time (minutes)"),
+        (axes[2], "env steps (millions)"),
+    ):
         ax.set_xlabel(label)
         ax.set_ylabel("100-episode mean game score")
         ax.grid(alpha=0.3)
         for threshold in THRESHOLDS:
             ax.axhline(threshold, color="grey", linewidth=0.5)
     axes[0].legend(fontsize="xx-small", ncol=2)
+    axes[2].legend(fontsize="x-small")
     fig.suptitle(
         f"{preset}: policy-lag bounds side by side "
         "(colour: bound and variant; solid: seed 0, dashed: other seeds; dotted: no correction)"
@@ -451,13 +468,42 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
     plt.close(fig)
 
 
+def mean_curve_panel(ax, rows: list[dict], max_env_steps: float, colours: list, kinds: list) -> None:
+    """Each setting's runs (two or more) averaged at the grid, the synchronous runs' in black: what the
+    mean-curve verdict reads."""
+    keys = [f"{m:g}M" for m in GRID_M if m * 1e6 <= max_env_steps * BUDGET_SLACK]
+    sync_runs = [r for r in rows if is_sync(r) or (r["bound"] == 0 and r["variant"] in REPEATS)]
+    settings = [("synchronous", sync_runs, "black")] + [
+        (f"lag <= {bound}, {variant}", runs, colours[kinds.index((variant != "on", variant, bound)) % len(colours)])
+        for variant, bound in sorted({(r["variant"], r["bound"]) for r in rows if r not in sync_runs})
+        if variant != "off"
+        for runs in [[r for r in rows if (r["variant"], r["bound"]) == (variant, bound)]]
+    ]
+    for label, runs, colour in settings:
+        scored = [[r["score_at"].get(k) for k in keys] for r in runs]
+        scored = [s for s in scored if None not in s]
+        if len(scored) >= 2:
+            mean = [statistics.fmean(column) for column in zip(*scored, strict=True)]
+            ax.plot(
+                [float(k[:-1]) for k in keys],
+                mean,
+                color=colour,
+                label=f"{label} ({len(scored)} runs)",
+                linewidth=2.5 if label == "synchronous" else 1.2,
+            )
+    ax.set_title("mean curves (settings with two or more runs)", fontsize="small")
+
+
 def plotted_curve(row: dict, run_root: Path, max_env_steps: float) -> list[tuple[float | None, float, float]]:
     """The run's curve from its metrics, or, for a row of --earlier whose directory is gone, its scores at
     the grid's env steps (no times)."""
     if (run_root / row["run"] / "metrics.csv").exists():
         return list(curve(metric_rows(run_root / row["run"], max_env_steps)))
-    grid = sorted((float(key[:-1]) * 1e6, score) for key, score in row["score_at"].items() if score is not None)
-    return [(None, steps, score) for steps, score in grid]
+    minutes = row.get("minutes_at", {})  # rows of results files older than this field have no times
+    grid = sorted(
+        (float(key[:-1]) * 1e6, score, minutes.get(key)) for key, score in row["score_at"].items() if score is not None
+    )
+    return [(None if m is None else m * 60, steps, score) for steps, score, m in grid]
 
 
 def earlier_results(paths: list[Path], taken: set[str]) -> tuple[list[dict], dict[str, list[str]]]:
