@@ -377,7 +377,8 @@ def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
     lines = [
         f"Mean curves: env steps for each setting's average curve to reach {names}, over the {len(sync)} "
         f"synchronous runs' average ({reference}), "
-        f"with a 90 % interval ({BOOTSTRAP_DRAWS} bootstrap draws of the runs; never: the average did not reach the score within the budget); within 10 %: the whole interval "
+        f"with a 90 % interval ({BOOTSTRAP_DRAWS} bootstrap draws of the runs; never: not within the budget); "
+        "within 10 %: the whole interval "
         "at or under 1.10, NOT: the whole interval over it, undecided: neither."
     ]
     for variant, bound in sorted({(r["variant"], r["bound"]) for r in rows if r not in sync_rows}):
