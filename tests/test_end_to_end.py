@@ -301,7 +301,10 @@ def test_a_learner_group_under_allreduce_ends_with_identical_checkpoints(tmp_pat
     for role in ("learner0", "learner1"):
         costs = summary["measured_costs"][role]
         assert costs["allreduce_bucket_bytes"] == 4 * parameters
-        assert 0 < costs["allreduce_latency_s"] < costs["allreduce_bucket_s"] and costs["allreduce_bytes_per_s"] > 0
+        # both times only measured, not ordered: they are means over gloo's long tail, and under load (a
+        # benchmark on the same cores) one number's all_reduce has measured 1.0 ms against the bucket's 0.15
+        assert costs["allreduce_latency_s"] > 0 and costs["allreduce_bucket_s"] > 0
+        assert costs["allreduce_bytes_per_s"] > 0
 
 
 def test_a_learner_group_under_average_differs_by_no_more_than_each_learners_own_progress(tmp_path):
