@@ -39,6 +39,7 @@ import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +218,22 @@ def is_sync(row: dict) -> bool:
     return row["bound"] == 0 and row["variant"] in SYNC
 
 
+def is_reference(row: dict) -> bool:
+    """A synchronous run, or one run again (REPEATS): what the pooled and averaged comparisons measure against."""
+    return is_sync(row) or (row["bound"] == 0 and row["variant"] in REPEATS)
+
+
+def grid_keys(max_env_steps: float) -> list[str]:
+    """The grid's env steps within the budget, as `score_at`'s keys."""
+    return [f"{m:g}M" for m in GRID_M if m * 1e6 <= max_env_steps * BUDGET_SLACK]
+
+
+def grid_scores(row: dict, keys: list[str]) -> list[float] | None:
+    """The run's scores at every key, or None where it has a gap (a run stopped short of the budget)."""
+    values = [row["score_at"].get(k) for k in keys]
+    return None if None in values else values
+
+
 def table(rows: list[dict], args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
     def cell(hit: dict | None) -> str:
         return "-" if hit is None else f"{hit['env_steps'] / 1e6:.2f}M / {hit['minutes']:.1f} min"
@@ -305,7 +322,7 @@ def pooled(rows: list[dict]) -> list[str]:
     """Runs of one setting against all synchronous runs, medians over runs rather than seed by seed: neither
     kind of run repeats itself (the synchronous run of seed 0, run again, reached -15 after 0.85x the env
     steps), so pairing by seed carries no information and a median over every run is the steadier test."""
-    sync = [r for r in rows if is_sync(r) or (r["bound"] == 0 and r["variant"] in REPEATS)]
+    sync = [r for r in rows if is_reference(r)]
     if not sync:
         return []
     keys = [str(int(x)) for x in THRESHOLDS[:3]]
@@ -361,13 +378,12 @@ def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
     replacement within each group). Averaging curves before reading a score off them uses every point of
     every run, so it is steadier than medians of single runs' crossings; a bound's cost is decided only
     where its interval lies wholly on one side of 1.10, and shown for settings of three runs or more."""
-    keys = [f"{m:g}M" for m in GRID_M if m * 1e6 <= max_env_steps * BUDGET_SLACK]
+    keys = grid_keys(max_env_steps)
 
     def scores(r: dict) -> list[float] | None:
-        values = [r["score_at"].get(k) for k in keys]
-        return None if None in values else values
+        return grid_scores(r, keys)
 
-    sync_rows = [r for r in rows if is_sync(r) or (r["bound"] == 0 and r["variant"] in REPEATS)]
+    sync_rows = [r for r in rows if is_reference(r)]
     sync = np.array([s for s in map(scores, sync_rows) if s is not None])
     if len(sync) < 2:
         return []
@@ -405,7 +421,7 @@ def mean_curves(rows: list[dict], max_env_steps: float) -> list[str]:
     ]
 
 
-def by_seed(runs: list[dict], scores) -> dict[int, np.ndarray]:
+def by_seed(runs: list[dict], scores: Callable[[dict], list[float] | None]) -> dict[int, np.ndarray]:
     """Each seed's curve: the average of its runs (a synchronous seed run twice counts once)."""
     seeds: dict[int, list] = {}
     for r in runs:
@@ -512,8 +528,8 @@ def figure(rows: list[dict], run_root: Path, out: Path, max_env_steps: float, pr
 def mean_curve_panel(ax, rows: list[dict], max_env_steps: float, colours: list, kinds: list) -> None:
     """Each setting's runs (two or more) averaged at the grid, the synchronous runs' in black: what the
     mean-curve verdict reads."""
-    keys = [f"{m:g}M" for m in GRID_M if m * 1e6 <= max_env_steps * BUDGET_SLACK]
-    sync_runs = [r for r in rows if is_sync(r) or (r["bound"] == 0 and r["variant"] in REPEATS)]
+    keys = grid_keys(max_env_steps)
+    sync_runs = [r for r in rows if is_reference(r)]
     settings = [("synchronous", sync_runs, "black")] + [
         (f"lag <= {bound}, {variant}", runs, colours[kinds.index((variant != "on", variant, bound)) % len(colours)])
         for variant, bound in sorted({(r["variant"], r["bound"]) for r in rows if r not in sync_runs})
@@ -521,8 +537,7 @@ def mean_curve_panel(ax, rows: list[dict], max_env_steps: float, colours: list, 
         for runs in [[r for r in rows if (r["variant"], r["bound"]) == (variant, bound)]]
     ]
     for label, runs, colour in settings:
-        scored = [[r["score_at"].get(k) for k in keys] for r in runs]
-        scored = [s for s in scored if None not in s]
+        scored = [s for r in runs if (s := grid_scores(r, keys))]
         if len(scored) >= 2:
             mean = [statistics.fmean(column) for column in zip(*scored, strict=True)]
             ax.plot(
