@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import tempfile
 import time
@@ -27,7 +26,7 @@ from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools.calibration import available_cores
 
-from common import train_command
+from common import metric_rows, train_command
 
 
 def raw_env_rate(cfg, seconds: float) -> float:
@@ -78,7 +77,7 @@ def end_to_end_rate(preset: str, overrides: list[str], seconds: float) -> tuple[
         settings = ["stop.target_return=null", f"stop.max_wall_time_s={seconds + 20}", "logging.interval_s=1"]
         command = train_command(preset, run_dir, *settings, *overrides)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = metric_rows(run_dir)
     rows = rows[:-1]  # the last row is written after the stop
     steady = [r for r in rows if r["time_s"] >= rows[-1]["time_s"] - seconds]
     rate = (steady[-1]["env_steps"] - steady[0]["env_steps"]) / (steady[-1]["time_s"] - steady[0]["time_s"])

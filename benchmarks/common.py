@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: running `tianji train` as a fresh command and reading its summary."""
+"""What the benchmark scripts share: running `tianji train` as a fresh command and reading its summary
+and metrics."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def run_tianji(preset: str, run_dir: Path, seed: int, overrides: list[str], laun
     command = train_command(preset, run_dir, f"seed={seed}", *overrides, launcher=launcher)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl, a dict per logged row (the last one written after the stop)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def update_page_tables(marker: str, table: str) -> None:

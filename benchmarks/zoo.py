@@ -12,7 +12,10 @@ table is written to benchmarks/results/zoo.md:
     preset | target | seeds reaching it | median time to target | median env steps | env steps/s | machine
 
 Medians are over the seeds that reached the target; env steps/s is the median over all seeds of
-env steps / wall time. Run one benchmark at a time on a machine: they compete for the cores.
+env steps / wall time. Each seed's line also names the lowest policy entropy and the largest
+one-update KL its run logged: a seed that reached the target after nearly collapsing (entropy near 0,
+a KL far above the clip's) warns that others will not. Run one benchmark at a time on a machine: they
+compete for the cores.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from tianji.config import load_config, preset_names
 
-from common import run_tianji, update_page_tables
+from common import metric_rows, run_tianji, update_page_tables
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -148,7 +151,8 @@ def main() -> None:
                 summary = run_tianji(preset, root / f"{preset}-seed{seed}", seed, overrides)
                 runs.append({**summary, "seed": seed})
                 reached = f"{summary['time_to_target_s']:.0f} s" if summary["target_reached"] else "not reached"
-                print(f"{preset} seed {seed}: {reached}, {summary['env_steps']:,} env steps", flush=True)
+                health = stability(root / f"{preset}-seed{seed}")
+                print(f"{preset} seed {seed}: {reached}, {summary['env_steps']:,} env steps{health}", flush=True)
             saved[preset] = summarize(preset, runs)
             rows = [saved[name] for name in sorted(saved)]
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +161,18 @@ def main() -> None:
     print(markdown([saved[name] for name in sorted(saved)]))
     if out == RESULTS / "zoo":  # the project's own table, not a scratch one
         update_page_tables("zoo table", markdown([saved[name] for name in sorted(saved)]))
+
+
+def stability(run_dir: Path) -> str:
+    """The lowest policy entropy and the largest one-update approx KL among the run's logged rows
+    (each row holds its interval's last update), or nothing for algorithms that log neither."""
+    rows = metric_rows(run_dir)
+    entropies = [row["train/entropy"] for row in rows if "train/entropy" in row]
+    kls = [row["train/approx_kl"] for row in rows if "train/approx_kl" in row]
+    parts = ([f"lowest entropy {min(entropies):.3f}"] if entropies else []) + (
+        [f"largest update KL {max(kls):.3f}"] if kls else []
+    )
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 IGNORED = {"seed", "name", "logging", "checkpoint"}  # what may differ between a preset and a run of it

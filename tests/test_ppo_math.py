@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import PPOConfig, anchored_bounds, clip_bounds, ppo_loss
+from tianji.algos.ppo import PPOConfig, anchored_bounds, clip_bounds, normalized_advantages, ppo_loss
 
 
 def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam, traces=None):
@@ -190,3 +190,38 @@ def test_both_anchor_is_behaviour_within_the_proximal_clip():
     np.testing.assert_allclose(low.numpy(), np.maximum(anchored_low.numpy(), 0.9), rtol=1e-12)
     np.testing.assert_allclose(high.numpy(), np.minimum(anchored_high.numpy(), 1.1), rtol=1e-12)
     assert (low < 1).all() and (high > 1).all()  # every sample's first gradient survives
+
+
+def test_weighted_centre_matches_reference():
+    rng = np.random.default_rng(3)
+    adv, rho = rng.normal(size=50), np.minimum(np.exp(rng.normal(0, 0.4, 50)), 1.0)
+    centred = adv - rho * adv.sum() / rho.sum()
+    expected = centred / (centred.std(ddof=1) + 1e-8)
+    got = normalized_advantages(torch.tensor(adv), torch.tensor(rho))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-10)
+    plain = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+    np.testing.assert_allclose(normalized_advantages(torch.tensor(adv)).numpy(), plain, rtol=1e-10)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_equal_td_errors_teach_nothing_with_the_weighted_centre_only(weighted):
+    """Every action equally good (the same TD error c > 0), data drawn by mu = (0.5, 0.5), the learner at
+    pi = (0.8, 0.2): V-trace's advantages are rho * c, rho = (1 (truncated), 0.4). The plain mean
+    (0.7 c) makes the rarer action's advantage negative and the gradient lowers it further; centred on
+    rho * c, every advantage is 0 and the policy stays where it is."""
+    logits = torch.tensor([np.log(0.8), np.log(0.2)], dtype=torch.float64, requires_grad=True)
+    actions = torch.tensor([0] * 50 + [1] * 50)  # mu's proportions exactly
+    mu_logp = torch.full((100,), np.log(0.5), dtype=torch.float64)
+    logp = torch.log_softmax(logits, 0)[actions]
+    rho = (logp.detach() - mu_logp).exp().clamp(max=1.0)
+    zeros = torch.zeros(100, dtype=torch.float64)
+    cfg = PPOConfig(clip=0.2, value_coef=0.0, entropy_coef=0.0)
+    loss, _ = ppo_loss(
+        logp, logp.detach(), rho * 2.0, zeros, zeros, zeros, cfg, baseline_weights=rho if weighted else None
+    )
+    loss.backward()
+    rarer_logit_step = -logits.grad[1].item()  # gradient descent's direction for the rarer action's logit
+    if weighted:
+        assert rarer_logit_step == pytest.approx(0.0, abs=1e-12)
+    else:
+        assert rarer_logit_step < -0.1

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from gymnasium.spaces import Box, Discrete
 
 from tianji.algos.common.returns import vtrace
+from tianji.algos.impala import IMPALAConfig, IMPALALearner, impala_loss
 
 
 def reference(mu, pi, r, v, v_boot, done, term, gamma, lam, rho_bar, c_bar):
@@ -92,9 +94,9 @@ def test_truncated_trace_levels_limit_the_correction():
     assert np.abs(adv).max() < np.abs(adv_loose).max()
 
 
-def _policy_gradient(advantages: torch.Tensor, advantage_norm: str) -> torch.Tensor:
-    from tianji.algos.impala import IMPALAConfig, impala_loss
-
+def _policy_gradient(
+    advantages: torch.Tensor, advantage_norm: str, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     logits = torch.zeros(len(advantages), 3, requires_grad=True)
     logp = torch.log_softmax(logits, -1)[:, 0]
     zeros = torch.zeros(len(advantages))
@@ -105,6 +107,7 @@ def _policy_gradient(advantages: torch.Tensor, advantage_norm: str) -> torch.Ten
         zeros,
         zeros,
         IMPALAConfig(advantage_norm=advantage_norm, value_coef=0.0, entropy_coef=0.0),
+        weights,
     )
     loss.backward()
     return logits.grad
@@ -120,3 +123,26 @@ def test_centered_advantages_ignore_a_shift_and_standard_ones_a_scale():
     )
     centered = _policy_gradient(advantages, "center")
     torch.testing.assert_close(centered, _policy_gradient(advantages - advantages.mean(), "none"))
+
+
+def test_advantages_centred_on_their_weights_keep_their_td_errors_sign():
+    """Equal TD errors (2.0) carried by V-trace weights rho < 1 for actions the learner now takes less often:
+    centred on their plain mean the low-weight ones turn negative; centred on rho * sum(A) / sum(rho), all
+    are 0 and the policy gradient vanishes."""
+    rho = torch.tensor([1.0, 1.0, 0.4, 0.4])
+    advantages = rho * 2.0
+    assert _policy_gradient(advantages, "center").abs().max() > 0.1
+    torch.testing.assert_close(_policy_gradient(advantages, "center", rho), torch.zeros(4, 3))
+    torch.testing.assert_close(_policy_gradient(advantages, "standard", rho), torch.zeros(4, 3))
+
+
+def test_the_impala_learner_centres_on_vtrace_weights_only_where_it_centres():
+    logs = {"prox_logp": torch.log(torch.tensor([0.8, 0.2])), "logp": torch.log(torch.tensor([0.5, 0.5]))}
+    space = Box(-1.0, 1.0, (3,), np.float32)
+    for norm, weighted, expected in [("center", True, [1.0, 0.4]), ("center", False, None), ("none", True, None)]:
+        learner = IMPALALearner(IMPALAConfig(advantage_norm=norm, weighted_centre=weighted), space, Discrete(2))
+        weights = learner._centre_weights(logs)
+        if expected is None:
+            assert weights is None
+        else:
+            torch.testing.assert_close(weights, torch.tensor(expected))

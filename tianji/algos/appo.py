@@ -24,7 +24,7 @@ from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import Stats
 from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, adam_eps
 from tianji.algos.impala import IMPALAPolicy, VTraceConfig, make_net, time_major_batch, vtrace_targets
-from tianji.algos.ppo import check_spaces, ppo_loss
+from tianji.algos.ppo import check_spaces, ppo_loss, proximal_weights
 
 
 class APPOConfig(VTraceConfig):
@@ -45,7 +45,9 @@ class APPOConfig(VTraceConfig):
         "its value before the update in the value loss (null: no clipping).",
     )
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(True, description="Normalise advantages per minibatch.")
+    normalize_advantages: bool = Field(
+        True, description="Normalise advantages per minibatch (centred as algo.weighted_centre says)."
+    )
     proximal: bool = Field(
         True,
         description="Centre the clip on the learner's own policy at the start of each "
@@ -72,7 +74,8 @@ class APPOLearner(OnPolicyLearner[PolicyValueNet]):
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
         centre = b["prox_logp"] if self.cfg.proximal else b["logp"]
-        return ppo_loss(logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"])
+        rho = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.weighted_centre else None
+        return ppo_loss(logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"], baseline_weights=rho)
 
 
 SPEC = AlgoSpec("appo", APPOConfig, IMPALAPolicy, APPOLearner, check_spaces)

@@ -40,7 +40,7 @@ from tianji.algos.common.settings import (
     conv_features_field,
     conv_field,
 )
-from tianji.algos.ppo import PPOPolicy, check_spaces
+from tianji.algos.ppo import PPOPolicy, centred_advantages, check_spaces, proximal_weights
 
 
 class VTraceConfig(TrainedConfig):
@@ -52,6 +52,13 @@ class VTraceConfig(TrainedConfig):
     c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    weighted_centre: bool = Field(
+        True,
+        description="Where advantages are centred (APPO's normalisation, IMPALA's advantage_norm), centre "
+        "each on its own V-trace weight rho times one mean, sum(A) / sum(rho), instead of on their plain "
+        "mean, which turns the shrunken advantages of actions the learner now takes less often negative "
+        "and drives the policy toward always taking one action.",
+    )
     batch_fragments: int = Field(1, ge=1, description="Fragments gathered into one batch.")
     hidden: list[int] = Field(
         default_factory=lambda: [64, 64], description="Hidden layer sizes of the policy and value MLPs."
@@ -91,13 +98,15 @@ def impala_loss(
     vs: torch.Tensor,
     entropy: torch.Tensor,
     cfg: IMPALAConfig,
+    baseline_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """Policy gradient with V-trace advantages, value regression to v_s, entropy bonus: each a mean over
     the batch's valid steps (the IMPALA paper sums them; see tianji.algos.common.optim for the equivalent settings).
-    `cfg.advantage_norm`: center subtracts the advantages' mean first, standard also divides by their deviation."""
+    `cfg.advantage_norm`: center subtracts the advantages' mean first (each sample's weight times one
+    mean, with `baseline_weights`: `centred_advantages`), standard also divides by their deviation."""
     advantages = advantages.detach()
     if cfg.advantage_norm != "none" and advantages.numel() > 1:
-        advantages = advantages - advantages.mean()
+        advantages = centred_advantages(advantages, baseline_weights)
         if cfg.advantage_norm == "standard":
             advantages = advantages / (advantages.std() + 1e-8)
     policy_loss = -(advantages * target_logp).mean()
@@ -153,9 +162,15 @@ class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
-        loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg)
+        loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg, self._centre_weights(b))
         stats["approx_kl"] = approx_kl(logp.detach() - b["logp"])
         return loss, stats
+
+    def _centre_weights(self, b: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """V-trace's rho per sample, which its advantages carry, for centring them (none: the plain mean)."""
+        if self.cfg.advantage_norm == "none" or not self.cfg.weighted_centre:
+            return None
+        return proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar)
 
     def _single_pass(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
         """One gradient step on the whole batch: V-trace from the same forward pass as the loss."""
@@ -182,7 +197,8 @@ class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
             c.c_bar,
         )
         valid = b["valid"].bool()
-        loss, stats = impala_loss(logp[valid], advantages[valid], values[valid], vs[valid], entropy[valid], c)
+        weights = self._centre_weights({"prox_logp": logp.detach()[valid], "logp": b["logp"][valid]})
+        loss, stats = impala_loss(logp[valid], advantages[valid], values[valid], vs[valid], entropy[valid], c, weights)
         stats.update(self.step(loss, self.sync, self.env_steps))
         stats.update(vtrace_diagnostics(b["logp"][valid], logp.detach()[valid], c.rho_bar))
         stats["explained_variance"] = explained_variance(values.detach()[valid], vs[valid])

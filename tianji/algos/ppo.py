@@ -167,6 +167,7 @@ def ppo_loss(
     old_values: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    baseline_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """Clipped surrogate + value loss - entropy bonus, each a mean over one minibatch of valid steps.
 
@@ -176,9 +177,11 @@ def ppo_loss(
     weight (`proximal_weights`; none: 1).
     With `cfg.value_clip` (and `old_values`), the value loss is the larger of the plain and the
     clipped squared error, the clipped prediction staying within value_clip of old_values.
+    `baseline_weights`: the importance weights the advantages already carry (V-trace's); normalising
+    then centres each sample on its weight times one mean (`normalized_advantages`).
     """
     if cfg.normalize_advantages and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = normalized_advantages(advantages, baseline_weights)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) if bounds is None else ratio.clamp(*bounds)
@@ -200,6 +203,28 @@ def ppo_loss(
             "clip_frac": (clipped != ratio).float().mean(),
         }
     return loss, stats
+
+
+def centred_advantages(advantages: torch.Tensor, baseline_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """A - mean(A), or with `baseline_weights` (rho) A - rho * sum(A) / sum(rho).
+
+    Subtracting one constant from every advantage leaves the policy gradient's expectation alone
+    only where the actions were drawn from the policy being measured. V-trace's advantages are
+    rho * (TD error), rho = min(pi / mu, rho_bar), of actions an older mu drew: an action the learner
+    has come to take less often has rho < 1 and its advantage shrinks toward 0, and a positive mean
+    (values still catching up with rising returns) turns it negative, so the policy takes that action
+    less still, toward always taking one. Centred on its own weight times one mean, each sample keeps
+    rho * (TD error - m): its sign is its TD error's against m, whatever its weight.
+    """
+    if baseline_weights is None:
+        return advantages - advantages.mean()
+    return advantages - baseline_weights * (advantages.sum() / baseline_weights.sum())
+
+
+def normalized_advantages(advantages: torch.Tensor, baseline_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """`centred_advantages` scaled to unit standard deviation."""
+    centred = centred_advantages(advantages, baseline_weights)
+    return centred / (centred.std() + 1e-8)
 
 
 def proximal_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, rho_bar: float) -> torch.Tensor:
