@@ -137,11 +137,11 @@ def test_advantages_centred_on_their_weights_keep_their_td_errors_sign():
 
 
 def test_the_impala_learner_centres_on_vtrace_weights_only_where_it_centres():
-    logs = {"prox_logp": torch.log(torch.tensor([0.8, 0.2])), "logp": torch.log(torch.tensor([0.5, 0.5]))}
+    learner_logp, behaviour_logp = torch.log(torch.tensor([0.8, 0.2])), torch.log(torch.tensor([0.5, 0.5]))
     space = Box(-1.0, 1.0, (3,), np.float32)
     for norm, weighted, expected in [("center", True, [1.0, 0.4]), ("center", False, None), ("none", True, None)]:
         learner = IMPALALearner(IMPALAConfig(advantage_norm=norm, weighted_centre=weighted), space, Discrete(2))
-        weights = learner._centre_weights(logs)
+        weights = learner._centre_weights(learner_logp, behaviour_logp)
         if expected is None:
             assert weights is None
         else:

@@ -162,15 +162,16 @@ class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
-        loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg, self._centre_weights(b))
+        weights = self._centre_weights(b["prox_logp"], b["logp"])
+        loss, stats = impala_loss(logp, b["adv"], values, b["vs"], entropy, self.cfg, weights)
         stats["approx_kl"] = approx_kl(logp.detach() - b["logp"])
         return loss, stats
 
-    def _centre_weights(self, b: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    def _centre_weights(self, learner_logp: torch.Tensor, behaviour_logp: torch.Tensor) -> torch.Tensor | None:
         """V-trace's rho per sample, which its advantages carry, for centring them (none: the plain mean)."""
         if self.cfg.advantage_norm == "none" or not self.cfg.weighted_centre:
             return None
-        return proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar)
+        return proximal_weights(learner_logp, behaviour_logp, self.cfg.rho_bar)
 
     def _single_pass(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
         """One gradient step on the whole batch: V-trace from the same forward pass as the loss."""
@@ -197,7 +198,7 @@ class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
             c.c_bar,
         )
         valid = b["valid"].bool()
-        weights = self._centre_weights({"prox_logp": logp.detach()[valid], "logp": b["logp"][valid]})
+        weights = self._centre_weights(logp.detach()[valid], b["logp"][valid])
         loss, stats = impala_loss(logp[valid], advantages[valid], values[valid], vs[valid], entropy[valid], c, weights)
         stats.update(self.step(loss, self.sync, self.env_steps))
         stats.update(vtrace_diagnostics(b["logp"][valid], logp.detach()[valid], c.rho_bar))
