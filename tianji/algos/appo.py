@@ -6,7 +6,8 @@ the V-trace targets and advantages (`tianji.algos.impala.vtrace_targets`), corre
 older policies. Then `epochs` passes of `minibatches` gradient steps on random samples of the
 batch: PPO's loss (`tianji.algos.ppo.ppo_loss`) with the ratio pi / mu to the behaviour policy that
 made the data (or, `proximal`, to the learner's policy at the start of the update: V-trace's
-advantages already carry the importance weight), normalised advantages, the value regressed to the
+advantages already carry the importance weight), normalised advantages (each centred on its own
+truncated weight times one mean: `tianji.algos.ppo.centred_advantages`), the value regressed to the
 V-trace targets.
 """
 
