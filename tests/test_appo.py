@@ -151,7 +151,7 @@ def test_appo_learns_cartpole(tmp_path):
     assert summary["return_at_target"] >= 475
     # Centred on their plain mean, V-trace's advantages drove the policy toward one action: in 20 seeds
     # its entropy fell to 0.00-0.19 on the way and one run never recovered; centred on their weights,
-    # 0.42 or more in every seed.
+    # 0.42 or more in every seed (0.27 or more with lag bound 16).
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     entropies = [row["train/entropy"] for row in rows if "train/entropy" in row]
-    assert min(entropies) > 0.3, entropies
+    assert min(entropies) > 0.25, entropies
