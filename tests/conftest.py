@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import signal
 import time
 from pathlib import Path
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from tianji.config import build_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 # The tests press Ctrl-C themselves (SIGINT to a run's process group). A suite started in the background by a
 # non-interactive shell inherits SIGINT ignored, and so would every process it starts: catch it here instead
@@ -186,3 +189,12 @@ def assert_lag_bounded(summary: dict, bound: int, max_dropped_fraction: float = 
     assert trained > 0
     assert dropped <= max_dropped_fraction * (dropped + trained), summary["dropped_lag_histogram"]
     assert max(int(lag) for lag in summary["policy_lag_histogram"]) <= bound, summary["policy_lag_histogram"]
+
+
+def load_benchmark(monkeypatch, name: str):
+    """benchmarks/NAME.py imported as a module (its folder on sys.path for its own `common` import)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

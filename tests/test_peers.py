@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 MISSING = [
     m
@@ -58,14 +60,6 @@ def test_peers_benchmark_at_its_smallest_writes_its_table(tmp_path):
     assert out.with_suffix(".md").read_text().splitlines()[3:] == table.splitlines()[3:]
 
 
-def load_peers(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("peers_under_test", REPO / "benchmarks" / "peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def fake_pong_run(run_dir: Path, curve: list[tuple[float, int, float]], summary: dict) -> None:
     run_dir.mkdir(parents=True)
     lines = ["time_s,env_steps,env/return_mean100"] + [f"{t},{s},{v}" for t, s, v in curve]
@@ -76,7 +70,7 @@ def fake_pong_run(run_dir: Path, curve: list[tuple[float, int, float]], summary:
 def test_a_longer_tianji_run_is_read_as_the_cap_saw_it(tmp_path, monkeypatch):
     """A zoo run (60 minutes, reached 18 after 48) linked into --work is judged at a 30-minute cap from its
     metrics: not reached, the score and env steps at 30 minutes, only the thresholds crossed by then."""
-    peers = load_peers(monkeypatch)
+    peers = load_benchmark(monkeypatch, "peers")
     curve = [(600.0, 0.6e6, -15.0), (1200.0, 1.2e6, 0.5), (1790.0, 1.8e6, 11.0), (2400.0, 2.4e6, 15.0)]
     summary = {
         "target_reached": True,
@@ -126,7 +120,7 @@ def test_sb3_schedules_are_held_at_their_end_not_stretched_over_the_cap(monkeypa
 
 
 def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkeypatch):
-    peers = load_peers(monkeypatch)
+    peers = load_benchmark(monkeypatch, "peers")
 
     def row(task, system, median_s, final=None, reached=3):
         return {"task": task, "system": system, "median_s": median_s, "final": final, "reached": reached, "runs": 3}

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_script(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "pong_staleness_under_test", REPO / "benchmarks" / "pong_staleness.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_benchmark
 
 
 def run_row(bound: int, variant: str, seed: int, scores: list[float]) -> dict:
@@ -32,14 +19,14 @@ def run_row(bound: int, variant: str, seed: int, scores: list[float]) -> dict:
 
 
 def test_crossing_interpolates_and_says_never(monkeypatch):
-    script = load_script(monkeypatch)
+    script = load_benchmark(monkeypatch, "pong_staleness")
     grid = np.array([0.2e6, 0.3e6, 0.4e6])
     assert script.crossing(grid, np.array([-20.0, -16.0, -12.0]), -15.0) == 0.325e6
     assert script.crossing(grid, np.array([-20.0, -19.0, -18.0]), -15.0) == float("inf")
 
 
 def test_mean_curves_decide_only_when_the_interval_is_clear(monkeypatch):
-    script = load_script(monkeypatch)
+    script = load_benchmark(monkeypatch, "pong_staleness")
     sync_curve = np.linspace(-20, 0, 8)  # -15 after 0.375M, -10 after 0.55M
     sync = [run_row(0, "on", s, list(sync_curve + d)) for s, d in enumerate((-0.3, 0.0, 0.3))]
     late = [run_row(4, "on", s, list(np.linspace(-20, -6, 8) + d)) for s, d in enumerate((-0.2, 0.0, 0.2))]
@@ -60,7 +47,7 @@ def test_mean_curves_decide_only_when_the_interval_is_clear(monkeypatch):
 
 
 def test_two_runs_get_no_verdict(monkeypatch):
-    script = load_script(monkeypatch)
+    script = load_benchmark(monkeypatch, "pong_staleness")
     curve = list(np.linspace(-20, 0, 8))
     rows = [run_row(0, "on", s, curve) for s in range(3)] + [run_row(4, "on", s, curve) for s in range(2)]
     assert not any(line.startswith("- bound 4") for line in script.mean_curves(rows, 900_000))

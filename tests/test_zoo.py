@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_zoo(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("zoo_under_test", REPO / "benchmarks" / "zoo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_benchmark
 
 
 def test_a_seeds_line_names_its_lowest_entropy_and_largest_update_kl(monkeypatch, tmp_path):
-    zoo = load_zoo(monkeypatch)
+    zoo = load_benchmark(monkeypatch, "zoo")
     rows = [
         {"env_steps": 0},  # before the first update: neither metric
         {"env_steps": 10, "train/entropy": 0.6, "train/approx_kl": 0.01},
