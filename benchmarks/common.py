@@ -4,6 +4,8 @@ and metrics."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +43,16 @@ def update_page_tables(marker: str, table: str) -> None:
             head, rest = text.split(f"<!-- {marker} -->", 1)
             _, tail = rest.split(f"<!-- /{marker} -->", 1)
             page.write_text(f"{head}<!-- {marker} -->\n{table}<!-- /{marker} -->{tail}")
+
+
+def machine() -> str:
+    """'2 cores, <CPU model>': the machine a result was measured on."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    return f"{len(os.sched_getaffinity(0))} cores, {model}"

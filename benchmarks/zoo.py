@@ -23,29 +23,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
 from tianji.config import load_config, preset_names
 
-from common import metric_rows, run_tianji, update_page_tables
+from common import machine, metric_rows, run_tianji, update_page_tables
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def machine() -> str:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or platform.machine(),
-    )
-    return f"{len(os.sched_getaffinity(0))} cores, {model}"
 
 
 def describe_target(preset: str) -> str:

@@ -46,6 +46,12 @@ class EnvConfig(Section):
         "(Pong's ball: 139 of 149 grey levels at 84x84 pooled to 42, 58 when the screen is resized "
         "to 42x42).",
     )
+    episodic_life: bool = Field(
+        False,
+        description="ALE/ ids: a lost life ends the value's horizon for training (the learner bootstraps from "
+        "zero there, as CleanRL's and the DQN papers' EpisodicLifeEnv does), while the game goes on: nothing "
+        "is reset, and episode returns, the stop target and evaluation stay whole games.",
+    )
     reward_clip: float | None = Field(
         None,
         gt=0,
@@ -84,8 +90,10 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _frames_of_atari(self) -> EnvConfig:
-        if (self.crop is not None or self.pool > 1) and not (self.id or "").startswith("ALE/"):
-            raise ValueError(f"env.crop and env.pool apply to Atari (ALE/ ids), not to {self.describe()}")
+        if (self.crop is not None or self.pool > 1 or self.episodic_life) and not (self.id or "").startswith("ALE/"):
+            raise ValueError(
+                f"env.crop, env.pool and env.episodic_life apply to Atari (ALE/ ids), not to {self.describe()}"
+            )
         return self
 
     def describe(self) -> str:

@@ -200,6 +200,31 @@ def frame_view(envs: gym.vector.VectorEnv, cfg: EnvConfig) -> gym.vector.VectorE
     return view
 
 
+class LifeLoss(gym.vector.VectorWrapper):
+    """Marks the step on which an Atari game lost a life but goes on (`info["life_lost"]`, from ale-py's
+    `info["lives"]`) and names that key in `terminal_info`: the actor records such a step as terminated
+    for training (no bootstrap past it) without ending the episode, so nothing is reset and the recorded
+    returns stay whole games (env.episodic_life)."""
+
+    terminal_info = "life_lost"
+
+    def __init__(self, env: gym.vector.VectorEnv):
+        super().__init__(env)
+        self.lives = np.zeros(env.num_envs, np.int64)
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self.lives = np.asarray(info["lives"], np.int64).copy()
+        return obs, {**info, self.terminal_info: np.zeros(self.num_envs, bool)}
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        lives = np.asarray(info["lives"], np.int64)
+        lost = (lives < self.lives) & ~(terminated | truncated)  # a game's end is its own terminal already
+        self.lives = lives.copy()  # a reset game's lives count from full again
+        return obs, reward, terminated, truncated, {**info, self.terminal_info: lost}
+
+
 ATARI_SCREEN = {"img_height": 210, "img_width": 160, "grayscale": False, "stack_num": 1}
 
 
@@ -246,6 +271,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, threads: int = 1, render: boo
     envs: VectorEnvLike
     if is_atari(cfg):
         envs = frame_view(make_atari(cfg, num_envs, threads), cfg)
+        if cfg.episodic_life:
+            envs = LifeLoss(envs)
     elif is_multiagent(cfg):
         envs = make_multiagent(cfg, num_envs)
     elif cfg.entry_point is not None:

@@ -76,8 +76,9 @@ def compute_gae(
     """Advantages and value targets for one fragment, arrays shaped [T, k].
 
     `values[t + 1]` (or `bootstrap_value` after the last row) is the value of the
-    state reached at step t; a terminated step bootstraps from zero, and a done
-    step stops the recursion so episodes never leak into each other.
+    state reached at step t; a terminated step bootstraps from zero, and a done or terminated
+    step stops the recursion so episodes (and an Atari game's lives, env.episodic_life) never leak
+    into each other.
     `traces` [T, k] (none: 1): how far row t's action lets the advantage of row t - 1 look past it,
     e.g. min(1, pi / mu) to cut the trace where the policy trained would not have acted as the actor
     did (Retrace's and V-trace's c_t): A_t = delta_t + gamma lam c_{t+1} A_{t+1}.
@@ -85,7 +86,7 @@ def compute_gae(
     T = rewards.shape[0]
     next_values = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
     not_terminal = 1.0 - terminated.astype(np.float32)
-    not_done = 1.0 - dones.astype(np.float32)
+    not_done = (1.0 - dones.astype(np.float32)) * not_terminal  # a terminal that is no episode end cuts too
     if traces is not None:  # row t's recursion reads row t + 1's trace (nothing follows the last row)
         not_done = not_done * np.concatenate([traces[1:], np.ones_like(traces[:1])], axis=0)
     deltas = rewards + gamma * next_values * not_terminal - values
@@ -155,6 +156,6 @@ def nstep_transitions(
         returns += np.where(stepping, (gamma**i) * rewards[idx, cols], 0.0).astype(np.float32)
         steps += stepping
         ended_by_termination |= stepping & terminated[idx, cols]
-        active = stepping & ~dones[idx, cols]
+        active = stepping & ~(dones[idx, cols] | terminated[idx, cols])  # a lost life ends the sum too
     discounts = np.where(ended_by_termination, 0.0, gamma**steps).astype(np.float32)
     return returns, discounts, steps

@@ -10,7 +10,10 @@ Recording convention (per row t, per env): `obs` seen, what the policy recorded
 (`action`, extras), `reward`, `terminated`, `done` (terminated or truncated), and
 `valid`. Dict observations (multi-agent envs: obs, state, avail_actions, ...) are recorded
 one field per key, and so are the per-step infos an env names in `recorded_info` (e.g. `won`).
-Vector envs reset a finished env on the following step; that step is
+An env may name in `terminal_info` an info key whose True marks a step the learner treats as
+terminated although the episode goes on (Atari's lost life, env.episodic_life): `terminated` is
+recorded True there, `done` is not, and the episode's return runs on. Vector envs reset a finished
+env on the following step; that step is
 recorded with `valid = False` (its obs is the final observation, its reward 0),
 so algorithms can bootstrap truncated episodes from it and mask it from losses.
 """
@@ -60,6 +63,7 @@ class Actor:
         self._return = np.zeros(self.k, dtype=np.float64)
         self._length = np.zeros(self.k, dtype=np.int64)
         self.recorded_info: tuple[str, ...] = tuple(getattr(envs, "recorded_info", ()))
+        self.terminal_info: str | None = getattr(envs, "terminal_info", None)
         self.episodes: list[tuple] = []  # finished (return, length[, won]), drained by the caller
         self.busy_s = 0.0
 
@@ -110,6 +114,8 @@ class Actor:
         env_action, record = self.policy.act(obs)
         next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
         done = np.logical_or(terminated, truncated)
+        if self.terminal_info is not None:  # a terminal for the learner only: the episode goes on
+            terminated = np.logical_or(terminated, info[self.terminal_info])
         valid = ~self.prev_done
         trained = reward if self.reward_clip is None else np.clip(reward, -self.reward_clip, self.reward_clip)
         row = {
