@@ -3,7 +3,8 @@
     python benchmarks/zoo.py [PRESET ...] [--seeds 3] [--max-minutes M] [--set key=value ...]
                              [--keep-runs DIR] [--replace]
 
-Each run is `tianji train PRESET --set seed=S` as a fresh command, timed from the command's start
+Every preset with a target (atari-appo has none: benchmarks/atari.py measures it game by game). Each run
+is `tianji train PRESET --set seed=S` as a fresh command, timed from the command's start
 (imports, process start-up and JIT compiles included), until the preset's own target or its own
 time limit (or --max-minutes, whichever is shorter). Results are merged by preset into
 benchmarks/results/zoo.json (so Pong can be measured in a separate, longer sitting) and the whole
@@ -118,7 +119,10 @@ def main() -> None:
     if args.from_runs:
         presets_from_runs(args)
         return
-    presets = args.presets or preset_names()
+    presets = args.presets or [name for name in preset_names() if load_config(name).stop.target_return is not None]
+    untargeted = [name for name in presets if load_config(name).stop.target_return is None]
+    if untargeted:  # e.g. atari-appo: a score per game, measured by benchmarks/atari.py
+        parser.error(f"{', '.join(untargeted)}: no stop.target_return to train to (Atari: benchmarks/atari.py)")
     out = Path(args.out)
     saved = (
         {}

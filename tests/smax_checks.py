@@ -1,7 +1,7 @@
 """SMAX adapter checks, run by tests/test_multiagent.py in a fresh interpreter: JAX must never be
 imported into the pytest process, which forks role processes for other tests.
 
-    python tests/smax_checks.py shapes|win|truncation
+    python tests/smax_checks.py shapes|win|truncation|maps
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import sys
 
 import numpy as np
 
-from tianji.config import EnvConfig
+from tianji.config import EnvConfig, load_config
 from tianji.envs.make import env_spaces, make_vector_env
 from tianji.envs.multiagent import SmaxVectorEnv
+from tianji.runtime.roles.build import build_actor, build_learner
 
 
 def random_available(avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -76,6 +77,17 @@ def truncation() -> None:
     assert obs["first"].all()
 
 
+def maps() -> None:
+    """The harder maps' presets build their learner and actor and step their map (8 steps, 2 envs)."""
+    for name in ("smax-3s5z-qmix", "smax-5m-vs-6m-qmix", "smax-6h-vs-8z-qmix"):
+        cfg = load_config(name, ["topology.envs_per_actor=2", "topology.fragment_length=8"])
+        build_learner(cfg)
+        fragment = build_actor(cfg, 0).collect()
+        agents = len(env_spaces(cfg.env)[1].nvec)
+        assert fragment.arrays["avail_actions"].shape[:3] == (8, 2, agents), name
+        print(name, cfg.env.id, agents, "agents")
+
+
 if __name__ == "__main__":
-    {"shapes": shapes, "win": win, "truncation": truncation}[sys.argv[1]]()
+    {"shapes": shapes, "win": win, "truncation": truncation, "maps": maps}[sys.argv[1]]()
     print("ok")

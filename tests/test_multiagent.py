@@ -140,7 +140,7 @@ def test_qmix_policy_explores_and_exploits_only_available_actions():
 # ---------------------------------------------------------------- adapters
 
 
-@pytest.mark.parametrize("check", ["shapes", "win", "truncation"])
+@pytest.mark.parametrize("check", ["shapes", "win", "truncation", pytest.param("maps", marks=pytest.mark.slow)])
 def test_smax_adapter(check):
     out = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "smax_checks.py"), check],
