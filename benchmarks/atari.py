@@ -28,11 +28,12 @@ from pathlib import Path
 
 import yaml
 
-from common import machine, metric_rows, run_tianji, update_page_tables
+from common import curve, machine, metric_rows, run_tianji, update_page_tables, value_at
 
 RESULTS = Path(__file__).parent / "results"
 GAMES = ["BeamRider", "Qbert", "SpaceInvaders", "Seaquest", "Enduro", "Pong"]
 MARKS_MIN = (15, 30, 60)
+SCORE = "env/return_mean100"  # the 100-episode mean game score
 GOAL_SHARE = 0.5  # of CleanRL's 10M-step score, within 60 minutes
 
 # CleanRL's PPO at 10M env steps (40M frames), the mean over 3 seeds of each seed's last 100 training
@@ -68,12 +69,6 @@ def game_of(env_id: str) -> str:
     return env_id.removeprefix("ALE/").split("-")[0]
 
 
-def score_at(rows: list[dict], seconds: float) -> float | None:
-    """The 100-episode mean score of the last row logged at or before `seconds` (None before the first episode)."""
-    scored = [r for r in rows if r["time_s"] <= seconds and _finite(r)]
-    return scored[-1]["env/return_mean100"] if scored else None
-
-
 def run_row(run_dir: Path, minutes: float) -> dict:
     """One finished run, read from its directory: its game and seed, scores at each mark, steps and rate."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -84,21 +79,16 @@ def run_row(run_dir: Path, minutes: float) -> dict:
         "game": game_of(config["env"]["id"]),
         "seed": config["seed"],
         "preset": config["name"],
-        "scores": {str(m): score_at(rows, m * 60) for m in MARKS_MIN if m <= minutes},
+        "scores": {str(m): value_at(rows, SCORE, m * 60) for m in MARKS_MIN if m <= minutes},
         "env_steps": last["env_steps"],
         "wall_time_s": last["time_s"],
         "env_steps_per_s": last["env_steps"] / last["time_s"],
         "episodes": last.get("env/episodes"),
-        "curve": [(round(r["time_s"] / 60, 2), r["env/return_mean100"]) for r in rows[::6] if _finite(r)],
+        "curve": curve(rows, SCORE),
         "stop_reason": summary.get("stop_reason"),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
     }
-
-
-def _finite(row: dict) -> bool:
-    value = row.get("env/return_mean100")
-    return value is not None and value == value
 
 
 def share_of_cleanrl(game: str, score: float | None) -> float | None:

@@ -33,6 +33,17 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
+def value_at(rows: list[dict], key: str, seconds: float) -> float | None:
+    """The last finite `key` logged at or before `seconds` into the run (None before the first)."""
+    values = [r[key] for r in rows if r["time_s"] <= seconds and r.get(key) is not None and r[key] == r[key]]
+    return values[-1] if values else None
+
+
+def curve(rows: list[dict], key: str, every: int = 6) -> list[tuple[float, float]]:
+    """(minutes, value) of every `every`-th row that logged a finite `key`: a figure's line, small enough for JSON."""
+    return [(round(r["time_s"] / 60, 2), r[key]) for r in rows[::every] if r.get(key) is not None and r[key] == r[key]]
+
+
 def update_page_tables(marker: str, table: str) -> None:
     """Replace what stands between `<!-- MARKER -->` and `<!-- /MARKER -->` in the README and the benchmarks
     page (a page without the markers is left alone)."""

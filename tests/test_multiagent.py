@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tianji.algos.common.returns import td_lambda_targets
 from tianji.algos.qmix import (
@@ -29,7 +30,7 @@ from tianji.envs.make import env_spaces, make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools.train import train
 
-from conftest import assert_lag_bounded
+from conftest import assert_lag_bounded, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
@@ -343,3 +344,21 @@ def test_mappo_recurrent_and_ippo_variants_collect_and_train(overrides):
         learner.algo.add(arrays)
         stats = learner.algo.update()
         assert np.isfinite(stats["policy_loss"]) and np.isfinite(stats["value_loss"])
+
+
+def test_the_smax_maps_table_reads_win_rates_at_each_mark(monkeypatch, tmp_path):
+    smax = load_benchmark(monkeypatch, "smax")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = {"name": "smax-3s5z-qmix", "seed": 1, "env": {"id": "smax:3s5z"}, "stop": {"target_return": 0.9}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "summary.json").write_text(json.dumps({"target_reached": True, "time_to_target_s": 1500.0}))
+    rows = [(300.0, float("nan")), (590.0, 0.25), (1200.0, 0.5), (1500.0, 0.91)]
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"time_s": t, "env_steps": int(t * 1000), "eval/win_rate": w}) + "\n" for t, w in rows)
+    )
+    row = smax.map_run_row(run_dir)
+    assert row["win_rate"] == {"10": 0.25, "30": 0.91, "60": 0.91} and row["map"] == "3s5z"
+    table = smax.maps_markdown([row])
+    assert "| `smax-3s5z-qmix` | 1 | 0.25 / 0.91 / 0.91 | 25 min (target 0.9) |" in table
+    assert "| 1.00 | 0.9: 1/1 seeds |" in table
