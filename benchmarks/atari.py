@@ -28,7 +28,17 @@ from pathlib import Path
 
 import yaml
 
-from common import curve, machine, metric_rows, run_tianji, update_page_tables, value_at
+from common import (
+    Sittings,
+    curve,
+    machine,
+    machines_of,
+    metric_rows,
+    run_tianji,
+    steps_and_rate,
+    update_page_tables,
+    value_at,
+)
 
 RESULTS = Path(__file__).parent / "results"
 GAMES = ["BeamRider", "Qbert", "SpaceInvaders", "Seaquest", "Enduro", "Pong"]
@@ -133,16 +143,14 @@ def markdown(runs: list[dict]) -> str:
         goal = "-" if share is None else ("met" if share >= GOAL_SHARE else "missed")
         lines.append(
             f"| {game} | {len(seeds)} ({', '.join(str(r['seed']) for r in seeds)}) | {marks} ({each}) | "
-            f"{statistics.median(r['env_steps'] for r in seeds) / 1e6:.2f}M | "
-            f"{statistics.median(r['env_steps_per_s'] for r in seeds):,.0f} | {_fmt(CLEANRL_PPO_10M.get(game))} | "
+            f"{steps_and_rate(seeds)} | {_fmt(CLEANRL_PPO_10M.get(game))} | "
             f"{_fmt(share, '.0%')} | {_fmt(random, ',.1f')} | {_fmt(human, ',.1f')} | "
             f"{_fmt(human_normalised(game, final), '.2f')} | {goal} |"
         )
-    machines = sorted({r["machine"] for r in runs})
     lines += [
         "",
         f"Scores: 100-episode mean game score (unclipped, whole games). {CLEANRL_SOURCE}.",
-        f"Random and human: dqn_zoo's atari_data.py. Machine: {'; '.join(machines)}.",
+        f"Random and human: dqn_zoo's atari_data.py. Machine: {machines_of(runs)}.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -174,14 +182,6 @@ def figure(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def save(runs: list[dict], out: Path) -> None:
-    runs = sorted(runs, key=lambda r: (r["game"], r["seed"]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(runs, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(runs))
-    figure(runs, out.with_suffix(".png"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", nargs="*", default=GAMES[:-1], help="games by ale-py name (default: the five)")
@@ -196,24 +196,20 @@ def main() -> None:
     parser.add_argument("--replace", action="store_true", help="drop the earlier runs in the results")
     args = parser.parse_args()
     out = Path(args.out)
-    earlier = out.with_suffix(".json")
-    saved = [] if args.replace or not earlier.exists() else json.loads(earlier.read_text())
-    runs = {(r["game"], r["seed"]): r for r in saved}
+    sittings = Sittings(out, "game", args.replace)
     for run_dir in map(Path, args.from_runs):
-        row = run_row(run_dir, args.minutes)
-        runs[(row["game"], row["seed"])] = row
-    if not args.from_runs:
-        for game in args.games:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                run_dir = Path(args.run_root) / f"{game}-seed{seed}"
-                settings = [f"env.id=ALE/{game}-v5", f"stop.max_wall_time_s={args.minutes * 60}", *args.overrides]
-                run_tianji(args.preset, run_dir, seed, settings)
-                row = run_row(run_dir, args.minutes)
-                runs[(game, seed)] = row
-                print(f"{game} seed {seed}: {row['scores']}, {row['env_steps']:,} env steps", flush=True)
-                save(list(runs.values()), out)
-    save(list(runs.values()), out)
-    table = markdown(sorted(runs.values(), key=lambda r: (r["game"], r["seed"])))
+        sittings.add(run_row(run_dir, args.minutes))
+    for game in [] if args.from_runs else args.games:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            run_dir = Path(args.run_root) / f"{game}-seed{seed}"
+            settings = [f"env.id=ALE/{game}-v5", f"stop.max_wall_time_s={args.minutes * 60}", *args.overrides]
+            run_tianji(args.preset, run_dir, seed, settings)
+            row = run_row(run_dir, args.minutes)
+            sittings.add(row)
+            sittings.save(markdown)
+            print(f"{game} seed {seed}: {row['scores']}, {row['env_steps']:,} env steps", flush=True)
+    table = sittings.save(markdown)
+    figure(sittings.ordered(), out.with_suffix(".png"))
     print(table)
     if out == RESULTS / "atari":  # the project's own table, not a scratch one
         update_page_tables("atari table", table)

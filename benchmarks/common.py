@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -42,6 +44,41 @@ def value_at(rows: list[dict], key: str, seconds: float) -> float | None:
 def curve(rows: list[dict], key: str, every: int = 6) -> list[tuple[float, float]]:
     """(minutes, value) of every `every`-th row that logged a finite `key`: a figure's line, small enough for JSON."""
     return [(round(r["time_s"] / 60, 2), r[key]) for r in rows[::every] if r.get(key) is not None and r[key] == r[key]]
+
+
+def steps_and_rate(runs: list[dict]) -> str:
+    """Two table cells: the runs' median env steps (millions) and median env steps/s."""
+    steps = statistics.median(r["env_steps"] for r in runs)
+    return f"{steps / 1e6:.2f}M | {statistics.median(r['env_steps_per_s'] for r in runs):,.0f}"
+
+
+def machines_of(runs: list[dict]) -> str:
+    return "; ".join(sorted({r["machine"] for r in runs}))
+
+
+class Sittings:
+    """A benchmark's runs gathered over several sittings (an hour a run): one row per (name, seed) in OUT.json,
+    earlier rows kept unless `replace`, and the table of them all in OUT.md."""
+
+    def __init__(self, out: Path, name_key: str, replace: bool = False):
+        self.out, self.name_key = out, name_key
+        earlier = out.with_suffix(".json")
+        rows = [] if replace or not earlier.exists() else json.loads(earlier.read_text())
+        self.rows = {(row[name_key], row["seed"]): row for row in rows}
+
+    def add(self, row: dict) -> None:
+        self.rows[(row[self.name_key], row["seed"])] = row
+
+    def ordered(self) -> list[dict]:
+        return [self.rows[key] for key in sorted(self.rows)]
+
+    def save(self, markdown: Callable[[list[dict]], str]) -> str:
+        """Write OUT.json and OUT.md; returns the table."""
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.with_suffix(".json").write_text(json.dumps(self.ordered(), indent=1) + "\n")
+        table = markdown(self.ordered())
+        self.out.with_suffix(".md").write_text(table)
+        return table
 
 
 def update_page_tables(marker: str, table: str) -> None:

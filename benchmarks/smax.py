@@ -31,7 +31,17 @@ from pathlib import Path
 
 import yaml
 
-from common import curve, machine, metric_rows, run_tianji, update_page_tables, value_at
+from common import (
+    Sittings,
+    curve,
+    machine,
+    machines_of,
+    metric_rows,
+    run_tianji,
+    steps_and_rate,
+    update_page_tables,
+    value_at,
+)
 
 RESULTS = Path(__file__).parent / "results" / "smax.json"
 MAPS_RESULTS = Path(__file__).parent / "results" / "smax-maps"
@@ -150,41 +160,34 @@ def maps_markdown(runs: list[dict]) -> str:
         verdict = "-" if goal is None else f"{goal:g}: {sum(met)}/{len(seeds)} seeds"
         lines.append(
             f"| `{preset}` | {len(seeds)} | {rates} | {reached} (target {seeds[0]['target']:g}) | "
-            f"{statistics.median(r['env_steps'] for r in seeds) / 1e6:.2f}M | "
-            f"{statistics.median(r['env_steps_per_s'] for r in seeds):,.0f} | {_rate(SMAC_QMIX.get(game_map))} | "
+            f"{steps_and_rate(seeds)} | {_rate(SMAC_QMIX.get(game_map))} | "
             f"{verdict} |"
         )
-    machines = sorted({r["machine"] for r in runs})
     lines += [
         "",
         "Win rate: greedy, one evaluation round of 32 episodes, the last before each mark. SMAC QMIX: pymarl2's "
         "fine-tuned QMIX on StarCraft II (hijkzzz/pymarl2, README), not SMAX; JaxMARL publishes SMAX curves, "
-        f"no table. Machine: {'; '.join(machines)}.",
+        f"no table. Machine: {machines_of(runs)}.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def maps_main(args: argparse.Namespace) -> None:
-    out = args.maps_out
-    earlier = out.with_suffix(".json")
-    runs = {(r["preset"], r["seed"]): r for r in (json.loads(earlier.read_text()) if earlier.exists() else [])}
+    sittings = Sittings(args.maps_out, "preset")
     for run_dir in map(Path, args.from_runs):
-        row = map_run_row(run_dir)
-        runs[(row["preset"], row["seed"])] = row
+        sittings.add(map_run_row(run_dir))
+    overrides = args.overrides + ([f"stop.max_wall_time_s={args.minutes * 60}"] if args.minutes else [])
     for preset in [] if args.from_runs else args.maps:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             run_dir = Path(args.run_root) / f"{preset}-seed{seed}"
-            overrides = args.overrides + ([f"stop.max_wall_time_s={args.minutes * 60}"] if args.minutes else [])
             run_tianji(preset, run_dir, seed, overrides)
-            row = runs[(preset, seed)] = map_run_row(run_dir)
+            row = map_run_row(run_dir)
+            sittings.add(row)
+            sittings.save(maps_markdown)
             print(f"{preset} seed {seed}: win rate {row['win_rate']}, {row['env_steps']:,} env steps", flush=True)
-    ordered = sorted(runs.values(), key=lambda r: (r["preset"], r["seed"]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    earlier.write_text(json.dumps(ordered, indent=1) + "\n")
-    table = maps_markdown(ordered)
-    out.with_suffix(".md").write_text(table)
+    table = sittings.save(maps_markdown)
     print(table)
-    if out == MAPS_RESULTS:  # the project's own table, not a scratch one
+    if args.maps_out == MAPS_RESULTS:  # the project's own table, not a scratch one
         update_page_tables("smax maps table", table)
 
 
