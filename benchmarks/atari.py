@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 from pathlib import Path
 
@@ -31,11 +30,13 @@ import yaml
 from common import (
     Sittings,
     curve,
+    finished,
     machine,
     machines_of,
     metric_rows,
     run_tianji,
     steps_and_rate,
+    summary_of,
     update_page_tables,
     value_at,
 )
@@ -82,7 +83,6 @@ def game_of(env_id: str) -> str:
 def run_row(run_dir: Path, minutes: float) -> dict:
     """One finished run, read from its directory: its game and seed, scores at each mark, steps and rate."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text())
     rows = [r for r in metric_rows(run_dir) if r["time_s"] <= minutes * 60 + 1]
     last = rows[-1]
     return {
@@ -95,7 +95,7 @@ def run_row(run_dir: Path, minutes: float) -> dict:
         "env_steps_per_s": last["env_steps"] / last["time_s"],
         "episodes": last.get("env/episodes"),
         "curve": curve(rows, SCORE),
-        "stop_reason": summary.get("stop_reason"),
+        "stop_reason": summary_of(run_dir).get("stop_reason"),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
     }
@@ -203,16 +203,17 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             run_dir = Path(args.run_root) / f"{game}-seed{seed}"
             settings = [f"env.id=ALE/{game}-v5", f"stop.max_wall_time_s={args.minutes * 60}", *args.overrides]
-            run_tianji(args.preset, run_dir, seed, settings)
+            if not finished(run_dir):  # a sitting cut short goes on with the runs it has not made
+                run_tianji(args.preset, run_dir, seed, settings)
             row = run_row(run_dir, args.minutes)
             sittings.add(row)
             sittings.save(markdown)
             print(f"{game} seed {seed}: {row['scores']}, {row['env_steps']:,} env steps", flush=True)
     table = sittings.save(markdown)
-    figure(sittings.ordered(), out.with_suffix(".png"))
     print(table)
     if out == RESULTS / "atari":  # the project's own table, not a scratch one
         update_page_tables("atari table", table)
+    figure(sittings.ordered(), out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

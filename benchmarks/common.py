@@ -30,15 +30,29 @@ def run_tianji(preset: str, run_dir: Path, seed: int, overrides: list[str], laun
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether the run directory holds a run that ended (its summary.json written)."""
+    return (run_dir / "summary.json").exists()
+
+
 def metric_rows(run_dir: Path) -> list[dict]:
     """The run's metrics.jsonl, a dict per logged row (the last one written after the stop)."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
-def value_at(rows: list[dict], key: str, seconds: float) -> float | None:
-    """The last finite `key` logged at or before `seconds` into the run (None before the first)."""
+def value_at(rows: list[dict], key: str, seconds: float, slack_s: float = 15.0) -> float | None:
+    """The last finite `key` logged at or before `seconds` into the run; None before the first, and None when
+    the run ended before `seconds` (less `slack_s`: a run capped there logs its last row about then)."""
+    if not rows or rows[-1]["time_s"] < seconds - slack_s:
+        return None
     values = [r[key] for r in rows if r["time_s"] <= seconds and r.get(key) is not None and r[key] == r[key]]
     return values[-1] if values else None
+
+
+def summary_of(run_dir: Path) -> dict:
+    """The run's summary.json, or {} for a run that never wrote one (killed, or still going)."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def curve(rows: list[dict], key: str, every: int = 6) -> list[tuple[float, float]]:

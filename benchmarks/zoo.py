@@ -3,7 +3,8 @@
     python benchmarks/zoo.py [PRESET ...] [--seeds 3] [--max-minutes M] [--set key=value ...]
                              [--keep-runs DIR] [--replace]
 
-Every preset with a target (atari-appo has none: benchmarks/atari.py measures it game by game). Each run
+Every preset with a target (atari-appo has none: benchmarks/atari.py measures it game by game; the SMAX maps'
+presets run up to an hour each: benchmarks/smax.py --maps). Each run
 is `tianji train PRESET --set seed=S` as a fresh command, timed from the command's start
 (imports, process start-up and JIT compiles included), until the preset's own target or its own
 time limit (or --max-minutes, whichever is shorter). Results are merged by preset into
@@ -31,6 +32,7 @@ from pathlib import Path
 from tianji.config import load_config, preset_names
 
 from common import machine, metric_rows, run_tianji, update_page_tables
+from smax import MAP_PRESETS  # measured by benchmarks/smax.py --maps, against published win rates
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -99,7 +101,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("presets", nargs="*", help="presets to run (default: every preset)")
+    parser.add_argument("presets", nargs="*", help="presets to run (default: those with a target, but the SMAX maps')")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=None, help="cap every run's wall time")
@@ -119,7 +121,9 @@ def main() -> None:
     if args.from_runs:
         presets_from_runs(args)
         return
-    presets = args.presets or [name for name in preset_names() if load_config(name).stop.target_return is not None]
+    presets = args.presets or [
+        name for name in preset_names() if load_config(name).stop.target_return is not None and name not in MAP_PRESETS
+    ]
     untargeted = [name for name in presets if load_config(name).stop.target_return is None]
     if untargeted:  # e.g. atari-appo: a score per game, measured by benchmarks/atari.py
         parser.error(f"{', '.join(untargeted)}: no stop.target_return to train to (Atari: benchmarks/atari.py)")

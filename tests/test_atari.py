@@ -25,6 +25,7 @@ BENCHMARK_GAMES = ["BeamRider", "Qbert", "SpaceInvaders", "Seaquest", "Enduro", 
 
 @pytest.mark.parametrize("game", BENCHMARK_GAMES)
 def test_the_atari_preset_builds_and_steps_every_benchmark_game(game):
+    pytest.importorskip("ale_py")
     cfg = load_config(
         "atari-appo", [f"env.id=ALE/{game}-v5", "topology.envs_per_actor=2", "topology.fragment_length=100"]
     )

@@ -220,7 +220,7 @@ class LifeLoss(gym.vector.VectorWrapper):
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(actions)
         lives = np.asarray(info["lives"], np.int64)
-        lost = (lives < self.lives) & ~(terminated | truncated)  # a game's end is its own terminal already
+        lost = (lives < self.lives) & ~terminated  # a game over is its own terminal already
         self.lives = lives.copy()  # a reset game's lives count from full again
         return obs, reward, terminated, truncated, {**info, self.terminal_info: lost}
 
