@@ -5,7 +5,7 @@
                                         [--actors-for 8:4] [--max-env-steps 1100000] [--minutes 40]
 
 Each run is one `tianji train PRESET --set balance.max_policy_lag=B` command (with
-`algo.proximal` on or off: the stale-fragment correction; "on" with its clip centred on the learner's
+`algo.stale_correction` on or off: the stale-fragment correction; "on" with its clip centred on the learner's
 policy, `algo.clip_anchor=proximal`, as every "on" run was made), one after another, never two at once.
 A `--variant` runs the bounds again with the correction on and more settings, e.g.
 `--variant anchored:algo.clip_anchor=behaviour` (the clip anchored at the actors' policy),
@@ -75,7 +75,7 @@ def train(preset: str, run_dir: Path, bound: int, variant: str, seed: int, args:
         f"seed={seed}",
         f"balance.max_policy_lag={bound}",
         f"balance.max_inflight={max(1, args.inflight)}",
-        f"algo.proximal={'false' if variant == 'off' else 'true'}",
+        f"algo.stale_correction={'false' if variant == 'off' else 'true'}",
         *(["algo.clip_anchor=proximal"] if variant == "on" else []),  # what every "on" run measured
         *dict(args.variant).get(variant, []),
         "stop.target_return=18",
@@ -249,7 +249,7 @@ def table(rows: list[dict], args: argparse.Namespace, variants: dict[str, list[s
         f"Budget per run: {args.max_env_steps / 1e6:.1f}M env steps or {args.minutes:.0f} minutes. "
         "Every setting equal except the bound and the variant; runs one at a time. "
         "Env steps / minutes to each 100-episode mean, and the mean at fixed env steps. "
-        "Variants: on / off: the stale-fragment correction (algo.proximal) with its clip centred on the "
+        "Variants: on / off: the stale-fragment correction (algo.stale_correction) with its clip centred on the "
         "learner's policy (algo.clip_anchor=proximal, the default) / none; "
         + "".join(f"{name}: the correction on, {', '.join(sets)}; " for name, sets in sorted(variants.items()))
         + "lag counts from the version a fragment started with.",

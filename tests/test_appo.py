@@ -13,7 +13,7 @@ import torch
 import tianji.algos.appo as appo_module
 from tianji.algos.appo import APPOConfig, APPOLearner
 from tianji.algos.base import Placement
-from tianji.algos.impala import IMPALAPolicy, time_major_batch, vtrace_targets
+from tianji.algos.common.vtrace_batch import VTracePolicy, time_major_batch, vtrace_targets
 from tianji.config import load_config
 from tianji.tools.train import train
 
@@ -24,7 +24,7 @@ ACTIONS = gym.spaces.Discrete(3)
 T, K = 12, 4
 
 
-def fragment(policy: IMPALAPolicy, seed: int = 0) -> dict[str, np.ndarray]:
+def fragment(policy: VTracePolicy, seed: int = 0) -> dict[str, np.ndarray]:
     """A fragment made by `policy`, with an episode ending (terminated) in env 0 and one truncated in env 1."""
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T, K, 5)).astype(np.float32)
@@ -46,9 +46,10 @@ def fragment(policy: IMPALAPolicy, seed: int = 0) -> dict[str, np.ndarray]:
 
 def setup(proximal: bool = True, **overrides) -> tuple[APPOLearner, dict[str, np.ndarray]]:
     torch.manual_seed(0)
-    cfg = APPOConfig(hidden=[16], proximal=proximal, gamma=0.9, value_clip=0.3, entropy_coef=0.02, **overrides)
+    anchor = "proximal" if proximal else "behaviour"
+    cfg = APPOConfig(hidden=[16], clip_anchor=anchor, gamma=0.9, value_clip=0.3, entropy_coef=0.02, **overrides)
     learner = APPOLearner(cfg, OBS, ACTIONS)
-    behaviour = IMPALAPolicy(cfg, OBS, ACTIONS, Placement())
+    behaviour = VTracePolicy(cfg, OBS, ACTIONS, Placement())
     behaviour.load_weights(learner.weights())
     with torch.no_grad():  # the learner's policy has moved on since the actor made the fragment
         for p in learner.net.parameters():
@@ -63,7 +64,7 @@ def numpy_loss(cfg, mu, prox, new, entropy, values_then, values_now, vs, adv):
     rho = np.minimum(np.exp(prox - mu), cfg.rho_bar) if cfg.weighted_centre else np.ones_like(adv)
     adv = adv - rho * adv.sum() / rho.sum()
     adv = adv / (adv.std(ddof=1) + 1e-8)
-    centre = prox if cfg.proximal else mu
+    centre = prox if cfg.clip_anchor == "proximal" else mu
     ratio = np.exp(new - centre)
     policy = -np.minimum(ratio * adv, np.clip(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv).mean()
     clipped = values_then + np.clip(values_now - values_then, -cfg.value_clip, cfg.value_clip)

@@ -165,3 +165,38 @@ def test_every_algorithm_reads_its_policy_out_of_its_own_checkpoint():
         read, published = spec.policy_weights(learner.state_dict()), learner.weights()
         assert read.keys() == published.keys(), name
         assert all(np.array_equal(read[k], published[k]) for k in read), name
+
+
+ALGOS_FLOORS = [  # inside tianji.algos, bottom first: shared parts, the interfaces, the algorithms, the registry
+    ("tianji.algos.common",),
+    ("tianji.algos.base",),
+    tuple(f"tianji.algos.{name}" for name in ("ppo", "appo", "impala", "mappo", "dqn", "qmix")),
+    ("tianji.algos",),
+]
+
+
+def floor_of(module: str) -> int | None:
+    """The module's floor inside tianji.algos (None outside it), by its longest matching prefix."""
+    matches = [(len(prefix), i) for i, floor in enumerate(ALGOS_FLOORS) for prefix in floor if in_room(module, prefix)]
+    return max(matches)[1] if matches else None
+
+
+def test_no_algorithm_module_imports_another():
+    """Each algorithm is its own module over what they share (tianji.algos.common: the correction, the
+    surrogate, V-trace batches); one algorithm never builds on another's module."""
+    algorithms = set(ALGOS_FLOORS[2])
+    crossing = [
+        f"{m} -> {i}" for m, imports in import_graph().items() if m in algorithms for i, _ in imports if i in algorithms
+    ]
+    assert not crossing, crossing
+
+
+def test_nothing_in_algos_imports_a_floor_above_its_own():
+    graph = import_graph()
+    upward = [
+        f"{m} -> {i}"
+        for m, imports in graph.items()
+        for i, _ in imports
+        if floor_of(m) is not None and floor_of(i) is not None and floor_of(i) > floor_of(m)
+    ]
+    assert not upward, upward

@@ -47,8 +47,8 @@ def test_bad_values_name_the_field_and_the_expectation(override, field, expected
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        (["algo.trace_cut=true"], "algo.trace_cut is true but algo.proximal is false"),
-        (["algo.clip_anchor=both"], "algo.clip_anchor is 'both' but algo.proximal is false"),
+        (["algo.trace_cut=true"], "algo.trace_cut is true but algo.stale_correction is false"),
+        (["algo.clip_anchor=both"], "algo.clip_anchor is 'both' but algo.stale_correction is false"),
         (["balance.publish_delay_varies=true"], "balance.publish_delay_varies is true but balance.publish_delay is 0"),
     ],
 )
@@ -57,7 +57,7 @@ def test_settings_that_would_do_nothing_are_refused(overrides, named):
     ignored silently."""
     with pytest.raises(ConfigError, match=named):
         load_config("cartpole-ppo", overrides)
-    assert load_config("cartpole-ppo", [*overrides, "algo.proximal=true", "balance.publish_delay=2"])
+    assert load_config("cartpole-ppo", [*overrides, "algo.stale_correction=true", "balance.publish_delay=2"])
 
 
 def test_unknown_preset_lists_the_presets():
@@ -101,3 +101,30 @@ def test_cli_help_lists_config_fields():
     result = run_cli("train", "--help")
     assert result.returncode == 0
     assert "balance.max_policy_lag" in result.stdout and "Fragments produced more than" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "algo, old, new",
+    [
+        ("ppo", ("proximal", False), ("stale_correction", False)),
+        ("ppo", ("normalize_advantages", False), ("advantage_norm", "none")),
+        ("mappo", ("proximal", False), ("stale_correction", False)),
+        ("appo", ("proximal", False), ("clip_anchor", "behaviour")),
+        ("appo", ("normalize_advantages", True), ("advantage_norm", "standard")),
+    ],
+)
+def test_renamed_keys_still_load_for_one_release_with_a_warning_naming_the_new_one(algo, old, new):
+    key, value = new
+    with pytest.warns(FutureWarning, match=f"algo.{old[0]} is renamed algo.{key}"):
+        cfg = build_config({"algo": {"name": algo, old[0]: old[1]}})
+    assert getattr(cfg.algo, key) == value
+
+
+def test_an_old_key_beside_its_new_name_is_refused():
+    with pytest.raises(ConfigError, match="algo.proximal is the old name of algo.stale_correction"):
+        load_config("cartpole-ppo", ["algo.proximal=true"])  # the preset sets algo.stale_correction
+
+
+def test_an_old_value_with_no_new_counterpart_is_refused():
+    with pytest.raises(ConfigError, match="algo.proximal .now algo.clip_anchor. is 'sometimes'"):
+        build_config({"algo": {"name": "appo", "proximal": "sometimes"}})

@@ -52,7 +52,7 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
         ),
         (
             "cartpole-ppo",
-            ["algo.proximal=true", "algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
+            ["algo.stale_correction=true", "algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
             {"train/clip_frac", "train/rho_mean", "train/rho_clipped"},
         ),
         (

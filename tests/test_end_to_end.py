@@ -344,7 +344,7 @@ def test_delayed_and_mid_fragment_weights_run_inside_the_lag_bound(balance, tmp_
     old (so the learner sees a behaviour KL above 0); actors taking weights between steps keep the bound."""
     raw = {
         "name": "weights",
-        "algo": {"name": "ppo", "epochs": 2, "minibatches": 2, "lr": 3e-3, "proximal": True},
+        "algo": {"name": "ppo", "epochs": 2, "minibatches": 2, "lr": 3e-3, "stale_correction": True},
         "stop": {"max_env_steps": 6144},
         "topology": {"actors": 2, "envs_per_actor": 4, "fragment_length": 32},
         "balance": {**balance, "max_inflight": 2},

@@ -82,7 +82,7 @@ def test_data_four_updates_old_teach_like_fresh_data(seed, tmp_path):
     (algo.clip_anchor=proximal) it needed 158k-1.06M, median 448k: stale data pushed the policy past
     what they support."""
     overrides = [
-        "algo.proximal=true",
+        "algo.stale_correction=true",
         "algo.clip_anchor=behaviour",
         "balance.max_policy_lag=0",
         "balance.publish_delay=4",

@@ -139,7 +139,7 @@ def test_dead_units_counts_trunk_outputs_that_are_zero_on_every_frame():
 
 
 def test_learner_device_auto_is_the_cpu_here_and_cuda_must_exist():
-    from tianji.algos.base import resolve_device
+    from tianji.algos.common.tensors import resolve_device
 
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from tianji.algos.common.correction import anchored_bounds, clip_bounds, normalized_advantages
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import PPOConfig, anchored_bounds, clip_bounds, normalized_advantages, ppo_loss
+from tianji.algos.common.surrogate import ppo_loss
+from tianji.algos.ppo import PPOConfig
 
 
 def gae_reference(rewards, values, bootstrap, dones, terminated, gamma, lam, traces=None):
@@ -92,7 +94,7 @@ def test_gae_with_traces_matches_reference(seed):
 
 
 def ppo_loss_reference(new_logp, old_logp, adv, new_v, ret, entropy, cfg):
-    if cfg.normalize_advantages:
+    if cfg.advantage_norm == "standard":
         adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
     ratio = np.exp(new_logp - old_logp)
     unclipped = adv * ratio
@@ -114,7 +116,7 @@ def test_ppo_loss_matches_reference(normalize):
         "ret": rng.normal(size=n),
         "entropy": rng.random(n),
     }
-    cfg = PPOConfig(clip=0.2, value_coef=0.5, entropy_coef=0.01, normalize_advantages=normalize)
+    cfg = PPOConfig(clip=0.2, value_coef=0.5, entropy_coef=0.01, advantage_norm="standard" if normalize else "none")
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}
     loss, stats = ppo_loss(t["new_logp"], t["old_logp"], t["adv"], t["new_v"], t["ret"], t["entropy"], cfg)
     ref_loss, ref_policy, ref_value = ppo_loss_reference(*arrays.values(), cfg)
@@ -126,7 +128,7 @@ def test_ppo_loss_matches_reference(normalize):
 
 
 def test_ppo_loss_gradient_is_clipped_outside_trust_region():
-    cfg = PPOConfig(clip=0.2, normalize_advantages=False, value_coef=0.0)
+    cfg = PPOConfig(clip=0.2, advantage_norm="none", value_coef=0.0)
     new_logp = torch.tensor([np.log(1.5)], requires_grad=True)  # ratio 1.5 > 1.2 with positive advantage
     loss, _ = ppo_loss(new_logp, torch.zeros(1), torch.ones(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), cfg)
     loss.backward()
@@ -164,9 +166,9 @@ def test_where_each_anchor_stops_a_stale_sample(anchor, advantage, stops_at):
     the strength of the same data. A bad action: the behaviour anchor lets the stale sample pull the policy
     back to mu's region's edge, (1 - clip) / 1.3 = 0.69 of pi_prox, undoing what fresher data taught;
     both and proximal stop it a clip from pi_prox, as far as a fresh sample moves."""
-    cfg = PPOConfig(clip=0.1, normalize_advantages=False, value_coef=0.0, clip_anchor=anchor)
+    cfg = PPOConfig(clip=0.1, advantage_norm="none", value_coef=0.0, clip_anchor=anchor)
     prox, behaviour = torch.zeros(1), torch.tensor([-np.log(1.3)], dtype=torch.float32)
-    bounds = clip_bounds(prox, behaviour, cfg)
+    bounds = clip_bounds(prox, behaviour, cfg.clip, cfg.clip_anchor, cfg.proximal_step)
 
     def gradient(ratio_to_prox: float) -> float:
         new_logp = torch.tensor([np.log(ratio_to_prox)], dtype=torch.float32, requires_grad=True)
@@ -185,7 +187,7 @@ def test_both_anchor_is_behaviour_within_the_proximal_clip():
     """clip_anchor=both: the anchored bounds, held within 1 +- clip of pi_prox."""
     rng = np.random.default_rng(3)
     prox, behaviour = torch.tensor(rng.normal(-1.0, 0.2, 256)), torch.tensor(rng.normal(-1.0, 0.2, 256))
-    low, high = clip_bounds(prox, behaviour, PPOConfig(clip=0.1, clip_anchor="both"))
+    low, high = clip_bounds(prox, behaviour, 0.1, "both", PPOConfig().proximal_step)
     anchored_low, anchored_high = anchored_bounds(prox, behaviour, clip=0.1, step=0.0125)
     np.testing.assert_allclose(low.numpy(), np.maximum(anchored_low.numpy(), 0.9), rtol=1e-12)
     np.testing.assert_allclose(high.numpy(), np.minimum(anchored_high.numpy(), 1.1), rtol=1e-12)

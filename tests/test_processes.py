@@ -85,7 +85,7 @@ def ppo_fragment(cfg):
         "done": np.zeros((T, k), bool),
         "valid": np.ones((T, k), bool),
         "bootstrap_value": np.zeros(k, np.float32),
-        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
+        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.stale_correction)
     }
 
 

@@ -45,7 +45,7 @@ def fragment_frames(cfg, slot):
         "done": np.zeros((T, k), bool),
         "valid": np.ones((T, k), bool),
         "bootstrap_value": np.zeros(k, np.float32),
-        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.proximal)
+        "last_obs": np.zeros((k, 4), np.float32),  # the learner evaluates it (algo.stale_correction)
     }
     return encode(
         {"kind": "fragment", "slot": slot, "actor": 0, "seq": slot, "version": 0, "env_steps": T * k, "epoch": 0},

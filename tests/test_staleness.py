@@ -18,8 +18,10 @@ import torch
 import tianji.algos.mappo as mappo_module
 import tianji.algos.ppo as ppo_module
 from tianji.algos.base import Placement
+from tianji.algos.common.correction import clip_bounds, importance_weights
+from tianji.algos.common.surrogate import ppo_loss
 from tianji.algos.mappo import MAPPOConfig, MAPPOLearner, MAPPOPolicy
-from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy, clip_bounds, ppo_loss, proximal_weights
+from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
 ACTIONS = gym.spaces.Discrete(6)
@@ -51,7 +53,7 @@ def lagged_learner(lag: int, lr: float = 3e-4, seed: int = 0) -> tuple[PPOLearne
     its own fresh batch), and that behaviour policy."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    cfg = PPOConfig(lr=lr, clip=0.1, entropy_coef=0.0, value_coef=0.5, hidden=[64, 64], proximal=True)
+    cfg = PPOConfig(lr=lr, clip=0.1, entropy_coef=0.0, value_coef=0.5, hidden=[64, 64], stale_correction=True)
     learner = PPOLearner(cfg, OBS, ACTIONS)
     behaviour = PPOPolicy(cfg, OBS, ACTIONS, Placement())
     behaviour.load_weights(learner.weights())
@@ -73,7 +75,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def first_step_gradients(lag: int) -> dict[str, float]:
     """Cosines with the importance-weighted gradient of the first gradient step on a batch `lag`
-    versions old, for the clip around the behaviour policy and the correction (`algo.proximal`)."""
+    versions old, for the clip around the behaviour policy and the correction (`algo.stale_correction`)."""
     learner, behaviour, rng = lagged_learner(lag)
     learner.add(fragment(behaviour, rng))
     samples, stats = learner._samples()
@@ -84,8 +86,8 @@ def first_step_gradients(lag: int) -> dict[str, float]:
     normalised = (adv - adv.mean()) / (adv.std() + 1e-8)
     weighted = flat_grad(-((logp - samples["logp"]).exp() * normalised).mean(), params)
     behaviour_clip, _ = ppo_loss(logp, samples["logp"], adv, value, samples["ret"], entropy, cfg)
-    weights = proximal_weights(samples["prox_logp"], samples["logp"], cfg.rho_bar)
-    bounds = clip_bounds(samples["prox_logp"], samples["logp"], cfg)
+    weights = importance_weights(samples["prox_logp"], samples["logp"], cfg.rho_bar)
+    bounds = clip_bounds(samples["prox_logp"], samples["logp"], cfg.clip, cfg.clip_anchor, cfg.proximal_step)
     corrected, _ = ppo_loss(logp, samples["prox_logp"], adv, value, samples["ret"], entropy, cfg, None, weights, bounds)
     outside = ((samples["prox_logp"] - samples["logp"]).exp() - 1).abs() > cfg.clip
     return {
@@ -151,7 +153,7 @@ def spy_on_ppo_loss(monkeypatch, module) -> list[dict]:
 )
 def test_the_ppo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss(monkeypatch, proximal, anchor):
     learner, behaviour, rng = lagged_learner(lag=2)
-    update = {"proximal": proximal, "clip_anchor": anchor, "minibatches": 1, "epochs": 1}
+    update = {"stale_correction": proximal, "clip_anchor": anchor, "minibatches": 1, "epochs": 1}
     learner.cfg = learner.cfg.model_copy(update=update)
     batch = fragment(behaviour, rng)
     batch["logp"] = batch["logp"] - 0.05 * rng.random((T, K)).astype(np.float32)  # a behaviour policy of its own

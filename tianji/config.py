@@ -95,7 +95,7 @@ class SyncConfig(Section):
     average_optimizer: bool = Field(
         True,
         description="average mode: average the Adam moments with the parameters (false: each learner keeps "
-        "its own; measured on CartPole DQN averaging every update, that failed to learn).",
+        "its own, whose steps then disagree with the averaged parameters; docs/launchers.md).",
     )
     timeout_s: float = Field(
         60.0,

@@ -2,30 +2,32 @@
 V-trace targets, PPO's clipped surrogate and several passes over each batch.
 
 Per batch: one forward pass (no gradient) with the learner's current parameters gives values and
-the V-trace targets and advantages (`tianji.algos.impala.vtrace_targets`), corrected for the actors'
-older policies. Then `epochs` passes of `minibatches` gradient steps on random samples of the
-batch: PPO's loss (`tianji.algos.ppo.ppo_loss`) with the ratio pi / mu to the behaviour policy that
-made the data (or, `proximal`, to the learner's policy at the start of the update: V-trace's
-advantages already carry the importance weight), normalised advantages (each centred on its own
-truncated weight times one mean: `tianji.algos.ppo.centred_advantages`), the value regressed to the
-V-trace targets.
+the V-trace targets and advantages (`tianji.algos.common.vtrace_batch.vtrace_targets`), corrected for
+the actors' older policies. Then `epochs` passes of `minibatches` gradient steps on random samples of
+the batch: PPO's loss (`tianji.algos.common.surrogate.ppo_loss`) with its clip centred on the learner's
+policy at the start of the update (`clip_anchor: proximal`: V-trace's advantages already carry the
+importance weight) or on the behaviour policy that made the data (`clip_anchor: behaviour`, the ratio
+pi / mu), normalised advantages (each centred on its own truncated weight times one mean:
+`tianji.algos.common.correction.centred_advantages`), the value regressed to the V-trace targets.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tianji.algos.base import AlgoSpec, OnPolicyLearner
+from tianji.algos.common.actor_critic import make_net, spaces_check
 from tianji.algos.common.batches import minibatch_steps
+from tianji.algos.common.correction import ADVANTAGE_NORM_DESCRIPTION, AdvantageNorm, approx_kl, importance_weights
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import Stats
-from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, adam_eps
-from tianji.algos.impala import IMPALAPolicy, VTraceConfig, make_net, time_major_batch, vtrace_targets
-from tianji.algos.ppo import check_spaces, ppo_loss, proximal_weights
+from tianji.algos.common.settings import INIT_DESCRIPTION, OptimizerConfig, accept_renamed, adam_eps
+from tianji.algos.common.surrogate import NORMALIZE_ADVANTAGES, ppo_loss
+from tianji.algos.common.vtrace_batch import VTraceConfig, VTracePolicy, time_major_batch, vtrace_targets
 
 
 class APPOConfig(VTraceConfig):
@@ -36,7 +38,7 @@ class APPOConfig(VTraceConfig):
     )
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     optimizer: OptimizerConfig = adam_eps(1e-5)
-    clip: float = Field(0.2, gt=0, description="PPO ratio clip range (the ratio to the behaviour policy).")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip range.")
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Minibatches (random samples of the batch) per pass.")
     value_clip: float | None = Field(
@@ -46,16 +48,25 @@ class APPOConfig(VTraceConfig):
         "its value before the update in the value loss (null: no clipping).",
     )
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    normalize_advantages: bool = Field(
-        True, description="Normalise advantages per minibatch (centred as algo.weighted_centre says)."
+    advantage_norm: AdvantageNorm = Field(
+        "standard",
+        description=ADVANTAGE_NORM_DESCRIPTION + " Per minibatch, centred as algo.weighted_centre says "
+        "(was normalize_advantages: true).",
     )
-    proximal: bool = Field(
-        True,
-        description="Centre the clip on the learner's own policy at the start of each "
-        "update (whose V-trace advantages already carry the truncated weight pi / mu) instead of "
-        "the actors' behaviour policy, which a stale fragment may be far from already.",
+    clip_anchor: Literal["proximal", "behaviour"] = Field(
+        "proximal",
+        description="Where the clip's trust region sits. proximal: 1 +- clip around the learner's own policy "
+        "at the start of each update (whose V-trace advantages already carry the truncated weight pi / mu); "
+        "behaviour: the ratio pi / mu to the actors' policy within 1 +- clip, which a stale fragment may be "
+        "far from already (was algo.proximal: true / false).",
     )
     init: Literal["default", "orthogonal"] = Field("orthogonal", description=INIT_DESCRIPTION)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        proximal = ("clip_anchor", {True: "proximal", False: "behaviour"})
+        return accept_renamed(data, {"proximal": proximal, "normalize_advantages": NORMALIZE_ADVANTAGES})
 
 
 class APPOLearner(OnPolicyLearner[PolicyValueNet]):
@@ -74,9 +85,13 @@ class APPOLearner(OnPolicyLearner[PolicyValueNet]):
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, values = self.net.evaluate(b["obs"], b["action"])
-        centre = b["prox_logp"] if self.cfg.proximal else b["logp"]
-        rho = proximal_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.weighted_centre else None
-        return ppo_loss(logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"], baseline_weights=rho)
+        centre = b["prox_logp"] if self.cfg.clip_anchor == "proximal" else b["logp"]
+        rho = importance_weights(b["prox_logp"], b["logp"], self.cfg.rho_bar) if self.cfg.weighted_centre else None
+        loss, stats = ppo_loss(
+            logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"], baseline_weights=rho
+        )
+        stats["approx_kl"] = approx_kl(logp.detach() - b["prox_logp"])  # this update's movement, whatever the centre
+        return loss, stats
 
 
-SPEC = AlgoSpec("appo", APPOConfig, IMPALAPolicy, APPOLearner, check_spaces)
+SPEC = AlgoSpec("appo", APPOConfig, VTracePolicy, APPOLearner, spaces_check("APPO"))

@@ -16,19 +16,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from tianji.algos.base import (
-    NO_HOOK,
-    AlgoSpec,
-    Arrays,
-    GradientHook,
-    NetAndOptimizer,
-    Placement,
-    load_module_weights,
-    resolve_device,
-    to_device,
-)
+from tianji.algos.base import AlgoSpec, NetAndOptimizer, Placement
 from tianji.algos.common.networks import make_trunk, shape_of
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.optim import NO_HOOK, GradientHook, GradientStep
 from tianji.algos.common.replay import PrioritizedReplay
 from tianji.algos.common.returns import nstep_transitions
 from tianji.algos.common.settings import (
@@ -39,6 +29,7 @@ from tianji.algos.common.settings import (
     conv_features_field,
     conv_field,
 )
+from tianji.algos.common.tensors import Arrays, load_module_weights, resolve_device, to_device
 
 # ------------------------------------------------------------------ pure math
 

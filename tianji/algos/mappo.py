@@ -18,22 +18,15 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from tianji.algos.base import (
-    AlgoSpec,
-    Arrays,
-    OnPolicyLearner,
-    Placement,
-    explained_variance,
-    load_module_weights,
-    mlp,
-    to_device,
-)
+from tianji.algos.base import AlgoSpec, OnPolicyLearner, Placement
 from tianji.algos.common.batches import joined, time_major
+from tianji.algos.common.correction import behaviour_gap
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
 from tianji.algos.common.networks import last_linear
 from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import compute_gae
-from tianji.algos.ppo import SurrogateConfig, clip_bounds, ppo_loss, proximal_weights, staleness_stats
+from tianji.algos.common.surrogate import SurrogateConfig, correction_terms, ppo_loss
+from tianji.algos.common.tensors import Arrays, explained_variance, load_module_weights, mlp, to_device
 
 
 class MAPPOConfig(SurrogateConfig):
@@ -123,7 +116,7 @@ class MAPPOPolicy:
     def __init__(self, cfg: MAPPOConfig, obs_space: gym.Space, act_space: gym.Space, placement: Placement):
         self.net = make_net(cfg, obs_space, act_space)
         self.net.requires_grad_(False)
-        self.proximal = cfg.proximal
+        self.learner_evaluates = cfg.stale_correction
         self.h: torch.Tensor | None = None  # each env's memory (recurrent), carried across fragments
         self.h0: np.ndarray | None = None  # at the start of the fragment being collected
 
@@ -163,7 +156,7 @@ class MAPPOPolicy:
     def finish_fragment(self, fragment: Arrays, last_obs: Mapping[str, np.ndarray]) -> Arrays:
         value = self.net.value(torch.from_numpy(last_obs["obs"]), torch.from_numpy(last_obs["state"]))
         extras = {"bootstrap_value": value.numpy()}
-        if self.proximal:  # the learner evaluates what follows the fragment itself
+        if self.learner_evaluates:  # the learner evaluates what follows the fragment itself
             extras.update(last_obs=np.asarray(last_obs["obs"]), last_state=np.asarray(last_obs["state"]))
         if self.net.recurrent_hidden:  # the next fragment starts where this one ended
             assert self.h is not None and self.h0 is not None  # a fragment was collected
@@ -215,20 +208,20 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
     def _batch(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The batch's fragments side by side on the env axis: time-major [T, K, ...] tensors (and each
         env's memory at the start, recurrent), with the log-probs and values the clips are centred on
-        (`prox_logp`, `value`: the learner's own with `proximal`, else the actors'), advantages and returns."""
+        (`prox_logp`, `value`: the learner's own with `stale_correction`, else the actors'), advantages and returns."""
         c = self.cfg
         fragments = self.take_batch()
-        per_env = ("last_obs", "last_state") if c.proximal else ("bootstrap_value",)
+        per_env = ("last_obs", "last_state") if c.stale_correction else ("bootstrap_value",)
         b = time_major(fragments, STEP_KEYS, self.device, per_env + (("h0",) if c.recurrent else ()))
         rows = {
             key: np.asarray(joined(fragments, key, 1)) for key in ("reward", "done", "terminated", "valid", "active")
         }
-        if c.proximal:
+        if c.stale_correction:
             b["prox_logp"], b["value"], bootstrap = self._evaluate_now(b)
         else:
             b["prox_logp"], bootstrap = b["logp"], b["bootstrap_value"]
         log_ratio = None
-        if c.proximal and c.trace_cut:  # inactive agents' actions count for nothing
+        if c.stale_correction and c.trace_cut:  # inactive agents' actions count for nothing
             log_ratio = ((b["prox_logp"] - b["logp"]).cpu().numpy() * rows["active"]).astype(np.float32)
         adv, ret, values = self._advantages(rows, b["value"].cpu().numpy(), bootstrap.cpu().numpy(), log_ratio)
         mask = rows["valid"][..., None] & rows["active"].astype(bool)  # agent-steps that count
@@ -240,8 +233,8 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         )
         b["first"] = b["first"].bool()
         diagnostics = {"explained_variance": explained_variance(b["value"][b["mask"]], b["ret"][b["mask"]])}
-        if c.proximal:
-            diagnostics.update(staleness_stats(b["prox_logp"][b["mask"]], b["logp"][b["mask"]], c.rho_bar))
+        if c.stale_correction:
+            diagnostics.update(behaviour_gap(b["logp"][b["mask"]], b["prox_logp"][b["mask"]], c.rho_bar))
         return b, diagnostics
 
     @torch.no_grad()
@@ -318,10 +311,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
-        weights = bounds = None
-        if self.cfg.proximal:
-            weights = proximal_weights(b["prox_logp"][mask], b["logp"][mask], self.cfg.rho_bar)
-            bounds = clip_bounds(b["prox_logp"][mask], b["logp"][mask], self.cfg)
+        weights, bounds = correction_terms(b["prox_logp"][mask], b["logp"][mask], self.cfg)
         loss, stats = ppo_loss(
             logp[mask],
             b["prox_logp"][mask],

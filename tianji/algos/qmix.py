@@ -21,22 +21,13 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from tianji.algos.base import (
-    NO_HOOK,
-    AlgoSpec,
-    Arrays,
-    GradientHook,
-    Placement,
-    load_module_weights,
-    module_weights,
-    resolve_device,
-    to_device,
-)
+from tianji.algos.base import AlgoSpec, Placement
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
-from tianji.algos.common.optim import GradientStep
+from tianji.algos.common.optim import NO_HOOK, GradientHook, GradientStep
 from tianji.algos.common.replay import SequenceReplay
 from tianji.algos.common.returns import td_lambda_targets
 from tianji.algos.common.settings import TrainedConfig
+from tianji.algos.common.tensors import Arrays, load_module_weights, module_weights, resolve_device, to_device
 
 
 class QMIXConfig(TrainedConfig):

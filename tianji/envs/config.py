@@ -42,9 +42,8 @@ class EnvConfig(Section):
         ge=1,
         le=8,
         description="ALE/ ids: max-pool each frame (after the crop) in pool x pool "
-        "blocks. It shrinks the frame like a resize, but keeps a thin bright object at full contrast "
-        "(Pong's ball: 139 of 149 grey levels at 84x84 pooled to 42, 58 when the screen is resized "
-        "to 42x42).",
+        "blocks. It shrinks the frame like a resize, but keeps a thin bright object such as a ball at "
+        "full contrast (measured: docs/environments.md).",
     )
     episodic_life: bool = Field(
         False,

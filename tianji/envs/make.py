@@ -248,9 +248,10 @@ def check_env(cfg: EnvConfig) -> None:
 class VectorEnvLike(Protocol):
     """What the actor and the evaluator use of a vector env: Gymnasium's, or a multi-agent adapter's."""
 
-    num_envs: int
     metadata: dict[str, Any]
 
+    @property
+    def num_envs(self) -> int: ...
     @property
     def single_observation_space(self) -> gym.Space: ...
     @property

@@ -15,8 +15,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from tianji.algos.base import GradientHook, to_device
-from tianji.algos.common.optim import GradientStep, Stats
+from tianji.algos.common.optim import GradientHook, GradientStep, Stats
+from tianji.algos.common.tensors import to_device
 
 
 class EpochSettings(Protocol):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.base import mlp
+from tianji.algos.common.tensors import mlp
 
 CNN_FEATURES = 512
 SMALL_CNN_FEATURES = 256

@@ -245,8 +245,19 @@ class TrainedSettings(Protocol):  # tianji.algos.common.settings.TrainedConfig, 
 Stats = dict[str, "torch.Tensor | float"]  # one gradient step's numbers (tensors: no device sync until logged)
 
 
-class _Sync(Protocol):  # tianji.algos.base.GradientHook
+class GradientHook(Protocol):
+    """What an update calls between backward() and the optimizer step: with several learners, the
+    runtime's synchronisation (tianji.runtime.sync) averages the gradients there."""
+
     def gradients(self, params: list[torch.Tensor]) -> None: ...
+
+
+class _NoHook:
+    def gradients(self, params: list[torch.Tensor]) -> None:
+        pass
+
+
+NO_HOOK = _NoHook()
 
 
 class GradientStep:
@@ -269,7 +280,7 @@ class GradientStep:
     def lr(self, env_steps: int) -> float:
         return self.base_lr * (self.schedule(env_steps) if self.schedule is not None else 1.0)
 
-    def __call__(self, loss: torch.Tensor, sync: _Sync, env_steps: int = 0) -> Stats:
+    def __call__(self, loss: torch.Tensor, sync: GradientHook, env_steps: int = 0) -> Stats:
         self.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]  # torch's stubs leave it untyped
         sync.gradients(self.optimizer.params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field
@@ -59,7 +61,7 @@ ModelName = Literal["auto", "mlp", "cnn", "cnn_small"]
 MODEL_DESCRIPTION = (
     "Network trunk: auto picks cnn for image observations and an MLP of `hidden` layers otherwise; "
     "cnn: the Nature CNN (3 convolutions, 512 units); cnn_small: the IMPALA paper's shallow CNN "
-    "(16 and 32 filters, 256 units), 2-3x cheaper to train on a CPU."
+    "(16 and 32 filters, 256 units), cheaper to train on a CPU."
 )
 INIT_DESCRIPTION = (
     "Initial weights: orthogonal (gain sqrt 2 in the trunk, 0.01 on the policy head, 1 on the value "
@@ -82,3 +84,34 @@ def conv_field() -> Any:
 
 def conv_features_field() -> Any:
     return Field(None, ge=1, description=CONV_FEATURES_DESCRIPTION)
+
+
+# An old `algo` key a release still accepts: its new key, and the new value of each old one (None: the same).
+Rename = tuple[str, Mapping[Any, Any] | None]
+
+
+def accept_renamed(data: Any, renames: Mapping[str, Rename]) -> Any:
+    """A config section's raw mapping with each old key in `renames` moved to its new key, and a
+    FutureWarning that names both (for a `model_validator(mode="before")`). Both keys at once, or an old
+    value with no new counterpart, is an error naming the field."""
+    if not isinstance(data, Mapping) or not any(old in data for old in renames):
+        return data
+    data = dict(data)
+    for old, (new, values) in renames.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"algo.{old} is the old name of algo.{new}; set only algo.{new}")
+        value = data.pop(old)
+        if values is not None:
+            if not isinstance(value, (bool, str, int, float)) or value not in values:
+                expected = " or ".join(repr(v) for v in values)
+                raise ValueError(f"algo.{old} (now algo.{new}) is {value!r}; expected {expected}")
+            value = values[value]
+        warnings.warn(
+            f"algo.{old} is renamed algo.{new} (the old key goes in the next release): write algo.{new}: {value!r}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        data[new] = value
+    return data

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from tianji.algos.base import ActorPolicy, Arrays
+from tianji.algos.base import ActorPolicy
+from tianji.algos.common.tensors import Arrays
 from tianji.envs.make import VectorEnvLike
 
 

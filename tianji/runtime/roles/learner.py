@@ -16,7 +16,8 @@ import time
 from collections import deque
 from typing import Any
 
-from tianji.algos.base import AlgoLearner, Arrays
+from tianji.algos.base import AlgoLearner
+from tianji.algos.common.tensors import Arrays
 from tianji.runtime.balance import LagStats, RateLimiter
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.sync import NoSync
