@@ -16,6 +16,7 @@ from tianji.config import BalanceConfig, SupervisionConfig
 from tianji.runtime.roles.links import LearnerLink
 from tianji.runtime.roles.loops import actor_main, learner_main
 from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.protocol import Hello
 from tianji.runtime.transport.shm import SlotWriter, pool_path, remove_pools
 from tianji.runtime.transport.sockets import Endpoints
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
@@ -202,7 +203,7 @@ def test_an_actor_measures_its_link_from_probes_the_learner_echoes(tiny_config, 
     events, control = bound(ctx, zmq.PULL, endpoints.events), bound(ctx, zmq.PUB, endpoints.control)
     process = start(learner_main, run, endpoints, token, os.getpid())
     try:
-        learner = LearnerLink(ctx, endpoints, "actor0", {"kind": "hello", "actor": 0, "slots": 2})
+        learner = LearnerLink(ctx, endpoints, "actor0", Hello(actor=0, slots=2))
         taker = WeightsSeen()
         costs = learner.measure(taker, payload_bytes=256 * 1024, timeout_s=20)
         assert costs is not None and costs["link_probe_bytes"] == 256 * 1024

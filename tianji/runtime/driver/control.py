@@ -7,6 +7,7 @@ import threading
 
 import zmq
 
+from tianji.runtime.shared.protocol import Heartbeat
 from tianji.runtime.transport.security import CurveKeys
 from tianji.runtime.transport.sockets import bound_endpoint, socket
 from tianji.runtime.transport.wire import pack_header
@@ -20,7 +21,7 @@ class ControlChannel:
     is busy (a slow Ray call, a checkpoint); they exit only when the driver process is gone.
 
         control = ControlChannel(ctx, endpoints.control, keys)
-        control.send(pack_header({"kind": "stop"}))
+        control.send(pack_header(Stop().header()))
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, keys: CurveKeys | None = None):
@@ -54,7 +55,7 @@ class ControlChannel:
             orders.close(linger=0)
             return
         orders.send(bound_endpoint(publisher).encode())
-        heartbeat = pack_header({"kind": "heartbeat"})
+        heartbeat = pack_header(Heartbeat().header())
         try:
             while True:
                 if orders.poll(int(HEARTBEAT_INTERVAL_S * 1000)):

@@ -19,6 +19,7 @@ from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.shared.context import RunContext
 from tianji.runtime.shared.events import Event, checked_event
 from tianji.runtime.shared.logs import log, log_rejected
+from tianji.runtime.shared.protocol import LearnerRestarted, Stop
 from tianji.runtime.transport.wire import WireError, pack_header, unpack_header
 
 STOP_GRACE_S = 20.0
@@ -108,15 +109,8 @@ class _Supervisor:
                 self.roles.restart_learners()
                 self.last_seen.update({n: time.time() for n in self.roles.names() if is_learner(n)})
                 # actors and evaluator say hello to the new learners (where they now listen)
-                self.control.send(
-                    pack_header(
-                        {
-                            "kind": "learner_restarted",
-                            "epoch": self.roles.learner_epoch,
-                            "learners": self.roles.learner_endpoints(),
-                        }
-                    )
-                )
+                restarted = LearnerRestarted(self.roles.learner_epoch, tuple(self.roles.learner_endpoints()))
+                self.control.send(pack_header(restarted.header()))
                 return  # the other learners were replaced too
             self._count("role_restarts", limits.max_actor_restarts, name)
             self.roles.restart(name)
@@ -142,7 +136,7 @@ class _Supervisor:
         """Ask every role to stop (the learner writes its final checkpoint), then make sure they are gone."""
         deadline = time.time() + STOP_GRACE_S
         while time.time() < deadline and any(self.roles.alive(name) for name in self.roles.names()):
-            self.control.send(pack_header({"kind": "stop"}))
+            self.control.send(pack_header(Stop().header()))
             self.drain_events(timeout_ms=100)
         self.roles.stop_all()
         self.drain_events(timeout_ms=0)

@@ -21,6 +21,7 @@ from tianji.runtime.roles.reporters import ActorReporter
 from tianji.runtime.roles.service import LearnerService
 from tianji.runtime.shared.checkpoint import FileStore
 from tianji.runtime.shared.context import RunContext
+from tianji.runtime.shared.protocol import FragmentNotice, Hello
 from tianji.runtime.transport.wire import unpack_header
 
 
@@ -33,7 +34,7 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     actors = [build_actor(cfg, i) for i in range(cfg.topology.actor_count)]
     credits: dict[Hashable, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
     for actor in actors:
-        actor.set_weights(*service.hello(actor.actor_id, {"kind": "hello", "actor": actor.actor_id}))
+        actor.set_weights(*service.hello(actor.actor_id, Hello(actor=actor.actor_id)))
     actor_reporters = [ActorReporter(a) for a in actors]
 
     def checkpoint() -> None:  # what a learner process sends, handled as the driver handles it
@@ -75,6 +76,8 @@ def _collect(actor: Actor, credit: tuple[int, int], service: LearnerService) -> 
     slot, min_version = credit
     assert actor.version >= min_version, "inline actors get every publish at once"
     fragment = actor.collect()
-    header = {"kind": "fragment", "slot": slot, "epoch": service.epoch}
-    if service.notice(actor.actor_id, header):
+    notice = FragmentNotice(
+        slot, service.epoch, actor.actor_id, fragment.seq, fragment.policy_version, fragment.env_steps
+    )
+    if service.notice(actor.actor_id, notice):
         service.take(actor.actor_id, slot, fragment, in_slot=True)

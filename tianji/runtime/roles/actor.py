@@ -46,7 +46,7 @@ class Actor:
         self,
         actor_id: int,
         envs: VectorEnvLike,
-        policy: ActorPolicy,
+        policy: ActorPolicy[Any],
         fragment_length: int,
         seed: int,
         reward_clip: float | None = None,
@@ -65,7 +65,7 @@ class Actor:
         self._length = np.zeros(self.k, dtype=np.int64)
         self.recorded_info: tuple[str, ...] = tuple(getattr(envs, "recorded_info", ()))
         self.terminal_info: str | None = getattr(envs, "terminal_info", None)
-        self.episodes: list[tuple] = []  # finished (return, length[, won]), drained by the caller
+        self.episodes: list[tuple[float, ...]] = []  # finished (return, length[, won]), drained by the caller
         self.busy_s = 0.0
 
     def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
@@ -100,7 +100,7 @@ class Actor:
         self.busy_s += time.perf_counter() - start
         return fragment
 
-    def drain_episodes(self) -> list[tuple]:
+    def drain_episodes(self) -> list[tuple[float, ...]]:
         episodes, self.episodes = self.episodes, []
         return episodes
 

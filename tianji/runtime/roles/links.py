@@ -8,6 +8,7 @@ import os
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +18,19 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tianji.runtime.shared.logs import log_rejected
+from tianji.runtime.shared.protocol import (
+    ORDERS,
+    TO_ACTOR,
+    Credit,
+    FragmentNotice,
+    Heartbeat,
+    Hello,
+    LearnerRestarted,
+    Message,
+    Probe,
+    Weights,
+    parse,
+)
 from tianji.runtime.transport.shm import SlotWriter
 from tianji.runtime.transport.sockets import Endpoints, newest, socket
 from tianji.runtime.transport.wire import WireError, decode, encode, pack_header, unpack_header
@@ -36,22 +50,22 @@ class DriverLink:
         ...
     """
 
-    def __init__(self, sock: zmq.Socket, silence_s: float, clock=time.monotonic):
+    def __init__(self, sock: zmq.Socket[Any], silence_s: float, clock: Callable[[], float] = time.monotonic):
         self.sock = sock
         self.silence_s = silence_s
         self.clock = clock
         self.last_heard = clock()
 
-    def poll(self) -> list[dict[str, Any]]:
-        orders = []
+    def poll(self) -> list[Message]:
+        orders: list[Message] = []
         while self.sock.poll(0):
             self.last_heard = self.clock()
             try:
-                header = unpack_header(self.sock.recv())
+                order = parse(unpack_header(self.sock.recv()), ORDERS)
             except WireError:
                 continue
-            if header["kind"] != "heartbeat":
-                orders.append(header)
+            if not isinstance(order, Heartbeat):
+                orders.append(order)
         if self.clock() - self.last_heard > self.silence_s:
             raise DriverGone(f"no message from the driver for {self.silence_s:.0f} s")
         return orders
@@ -68,7 +82,7 @@ class WeightsTaker(Protocol):
 class LearnerLink:
     """An actor's or the evaluator's connection to the learner: hello, credits, weights.
 
-        learner = LearnerLink(ctx, endpoints, "actor0", hello={"kind": "hello", "actor": 0, "slots": 2})
+        learner = LearnerLink(ctx, endpoints, "actor0", hello=Hello(actor=0, slots=2))
         learner.receive(actor)          # weights replies and credits
         learner.newest_weights(actor)   # newest published weights, when they are needed
         slot, min_version = learner.credits.popleft()
@@ -83,7 +97,7 @@ class LearnerLink:
     on the way; until its reply the link ignores credits, which may predate the resync.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoints: Endpoints, role: str, hello: dict[str, Any], learner_rank: int = 0):
+    def __init__(self, ctx: zmq.Context[Any], endpoints: Endpoints, role: str, hello: Hello, learner_rank: int = 0):
         self.endpoints = endpoints
         self.learner_rank = learner_rank
         identity = f"{role}-{os.getpid()}-{secrets.token_hex(4)}".encode()  # one per process: a restart is new
@@ -100,7 +114,7 @@ class LearnerLink:
         self._link_down = False
         self._resyncing = False
         self._waiting_since: float | None = None
-        self.link.send(pack_header(hello))
+        self.link.send(pack_header(hello.header()))
 
     def sent_fragment(self, slot: int) -> None:
         """A fragment went out in `slot`: until its credit comes back it is in flight."""
@@ -118,7 +132,7 @@ class LearnerLink:
 
     def _resync(self) -> None:
         held = [slot for slot, _ in self.credits]
-        self.link.send(pack_header({**self.hello, "resync": {"credits": held, "sent": sorted(self.sent)}}))
+        self.link.send(pack_header(self.hello.with_resync(held, sorted(self.sent)).header()))
         self.credits.clear()  # granted anew in the reply's wake; credits that cross it are void
         self.sent.clear()
         self._resyncing = True
@@ -135,18 +149,17 @@ class LearnerLink:
         if self._waiting_since is None:
             self._waiting_since = now
         elif now - self._waiting_since >= after_s:
-            self.link.send(pack_header(self.hello))
+            self.link.send(pack_header(self.hello.header()))
             self._waiting_since = now
 
-    def follow_restart(self, order: dict[str, Any]) -> None:
+    def follow_restart(self, order: LearnerRestarted) -> None:
         """The driver restarted the learner: say hello to the new one, at its new address if it moved."""
-        epoch, moved = order.get("epoch"), order.get("learners")
-        if not isinstance(epoch, int) or epoch == self.epoch:
+        if order.epoch == self.epoch:
             return
-        where = moved[self.learner_rank] if isinstance(moved, list) and len(moved) > self.learner_rank else {}
+        where = order.endpoints_of(self.learner_rank)
         for name, sock in (("fragments", self.link), ("weights", self.weights)):
-            new, old = where.get(name) if isinstance(where, dict) else None, getattr(self.endpoints, name)
-            if isinstance(new, str) and new != old:
+            new, old = where.get(name), getattr(self.endpoints, name)
+            if new is not None and new != old:
                 sock.disconnect(old)
                 sock.connect(new)
                 self.endpoints = (
@@ -154,7 +167,7 @@ class LearnerLink:
                     if name == "fragments"
                     else replace(self.endpoints, weights=new)
                 )
-        self.link.send(pack_header(self.hello))
+        self.link.send(pack_header(self.hello.header()))
 
     def receive(self, taker: WeightsTaker) -> None:
         while self.link.poll(0):
@@ -186,7 +199,7 @@ class LearnerLink:
         times = []
         for n in range(repeats):
             started = time.perf_counter()
-            self.link.send_multipart(encode({"kind": "probe", "n": n, "size": size}, payload), copy=False)
+            self.link.send_multipart(encode(Probe(n, size).header(), payload), copy=False)
             if not self._await_echo(taker, n, deadline):
                 return None
             times.append(time.perf_counter() - started)
@@ -199,49 +212,40 @@ class LearnerLink:
             message = self._checked(self.link.recv_multipart(copy=False))
             if message is None:
                 continue
-            if message[0]["kind"] == "probe":
-                if message[0]["n"] == n:
+            if isinstance(message[0], Probe):
+                if message[0].n == n:
                     return True
             else:
                 self._take(*message, taker)
         return False
 
-    def _take(self, header: dict[str, Any], arrays: dict[str, Any], taker: WeightsTaker) -> None:
-        if header["kind"] == "weights":
-            new_epoch = header["epoch"] != self.epoch
+    def _take(self, message: Message, arrays: dict[str, Any], taker: WeightsTaker) -> None:
+        if isinstance(message, Weights):
+            new_epoch = message.epoch != self.epoch
             if new_epoch:
-                self.epoch = header["epoch"]
+                self.epoch = message.epoch
                 self.credits.clear()
-            if header.get("resync"):
+            if message.resync:
                 self._resyncing = False
-            taker.set_weights(header["version"], arrays, force=new_epoch)
+            taker.set_weights(message.version, arrays, force=new_epoch)
             self._waiting_since = None
-        elif header["kind"] == "credit" and header["epoch"] == self.epoch and not self._resyncing:
-            self.credits.append((header["slot"], header["min_version"]))
-            self.sent.discard(header["slot"])
+        elif isinstance(message, Credit) and message.epoch == self.epoch and not self._resyncing:
+            self.credits.append((message.slot, message.min_version))
+            self.sent.discard(message.slot)
 
     def newest_weights(self, taker: WeightsTaker) -> None:
         message = self._checked(newest(self.weights))
-        if message is not None and message[0]["kind"] == "weights" and message[0]["epoch"] == self.epoch:
-            taker.set_weights(message[0]["version"], message[1])
+        if message is not None and isinstance(message[0], Weights) and message[0].epoch == self.epoch:
+            taker.set_weights(message[0].version, message[1])
             self._waiting_since = None
 
-    def send(self, header: dict[str, Any]) -> None:
-        self.link.send(pack_header(header))
-
-    def _checked(self, frames: list[Any] | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """Decode a message from the learner; None (logged, counted) when malformed."""
+    def _checked(self, frames: list[Any] | None) -> tuple[Message, dict[str, Any]] | None:
+        """Decode and check a message from the learner; None (logged, counted) when malformed."""
         if frames is None:
             return None
         try:
             header, arrays = decode(frames)
-            need = {"credit": ("slot", "min_version", "epoch"), "weights": ("version", "epoch"), "probe": ("n",)}.get(
-                header["kind"], ()
-            )
-            for key in need:
-                if not isinstance(header.get(key), int):
-                    raise WireError(f"{header['kind']} without an int {key!r}")
-            return header, arrays
+            return parse(header, TO_ACTOR), arrays
         except WireError as exc:
             self.bad_messages += 1
             log_rejected(self.role, self.bad_messages, exc)
@@ -263,12 +267,12 @@ class SlotSender:
             self._lent[slot] = views
         return views
 
-    def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
-        if arrays is self._lent.pop(slot, None):  # already in place
-            header.update(self.writer.header(slot))
+    def send(self, link: zmq.Socket[Any], notice: FragmentNotice, arrays: dict[str, Any]) -> None:
+        if arrays is self._lent.pop(notice.slot, None):  # already in place
+            location = self.writer.header(notice.slot)
         else:
-            header.update(self.writer.write(slot, arrays))
-        link.send(pack_header(header))
+            location = self.writer.write(notice.slot, arrays)
+        link.send(pack_header(replace(notice, location=location).header()))
 
     def close(self) -> None:
         self.writer.close()
@@ -281,9 +285,8 @@ class FrameSender:
     def views(self, slot: int) -> None:
         return None  # every fragment has arrays of its own, which the frames borrow until sent
 
-    def send(self, link: zmq.Socket, slot: int, arrays: dict[str, Any], header: dict[str, Any]) -> None:
-        header["slot"] = slot
-        link.send_multipart(encode(header, arrays), copy=False)
+    def send(self, link: zmq.Socket[Any], notice: FragmentNotice, arrays: dict[str, Any]) -> None:
+        link.send_multipart(encode(notice.header(), arrays), copy=False)
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,18 @@ from tianji.runtime.shared.checkpoint import FileStore, ShippedStore
 from tianji.runtime.shared.context import RunContext
 from tianji.runtime.shared.events import heartbeat, measured, role_error, stopped
 from tianji.runtime.shared.logs import log, log_rejected
+from tianji.runtime.shared.protocol import (
+    TO_LEARNER,
+    Credit,
+    FragmentNotice,
+    Hello,
+    LearnerRestarted,
+    Message,
+    Probe,
+    Stop,
+    Weights,
+    parse,
+)
 from tianji.runtime.sync import (
     GroupSpec,
     GroupStopping,
@@ -56,9 +69,9 @@ def run_role(
     run: RunContext,
     threads: int,
     endpoints: Endpoints,
-    loop: Callable[[zmq.Context, zmq.Socket, DriverLink], None],
+    loop: Callable[[zmq.Context[Any], zmq.Socket[Any], DriverLink], None],
     driver_pid: int | None = None,
-    ctx: zmq.Context | None = None,
+    ctx: zmq.Context[Any] | None = None,
     own_process: bool = True,
 ) -> None:
     """Body of every role: signals (when it owns its process), threads, the driver link, the loop,
@@ -88,8 +101,8 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
     """Follow the driver: True when it asks to stop; a restarted learner gets a hello."""
     stop = False
     for order in driver.poll():
-        stop |= order["kind"] == "stop"
-        if order["kind"] == "learner_restarted" and learner is not None:
+        stop |= isinstance(order, Stop)
+        if isinstance(order, LearnerRestarted) and learner is not None:
             learner.follow_restart(order)
     return stop
 
@@ -102,7 +115,7 @@ def learner_of(cfg: Config, actor_id: int) -> int:
     return actor_id % cfg.topology.learner_count
 
 
-def role_pool(token: str, role: str, pid: int):
+def role_pool(token: str, role: str, pid: int) -> Path:
     """The slot file of one role process. A restarted actor gets a new file: notices its dead
     predecessor left queued at the learner still point at the old one, which nobody rewrites."""
     return pool_path(token, f"{role}-pid{pid}")
@@ -124,8 +137,8 @@ def actor_loop(
     endpoints: Endpoints,
     token: str,
     actor_id: int,
-    ctx: zmq.Context,
-    events: zmq.Socket,
+    ctx: zmq.Context[Any],
+    events: zmq.Socket[Any],
     driver: DriverLink,
     same_machine: bool = True,
 ) -> None:
@@ -138,7 +151,7 @@ def actor_loop(
         ctx,
         endpoints,
         name,
-        {"kind": "hello", "actor": actor_id, "slots": slots_count},
+        Hello(actor=actor_id, slots=slots_count),
         learner_rank=learner_of(cfg, actor_id),
     )
     actor = build_actor(cfg, actor_id)
@@ -178,19 +191,10 @@ def actor_loop(
             if can_start():
                 slot, _ = learner.credits.popleft()
                 fragment = actor.collect(sender.views(slot), between_steps)  # rows straight into the slot
-                sender.send(
-                    learner.link,
-                    slot,
-                    fragment.arrays,
-                    {
-                        "kind": "fragment",
-                        "actor": actor_id,
-                        "seq": fragment.seq,
-                        "version": fragment.policy_version,
-                        "env_steps": fragment.env_steps,
-                        "epoch": learner.epoch,
-                    },
+                notice = FragmentNotice(
+                    slot, learner.epoch, actor_id, fragment.seq, fragment.policy_version, fragment.env_steps
                 )
+                sender.send(learner.link, notice, fragment.arrays)
                 learner.sent_fragment(slot)
             if time.time() - last_event >= EVENT_INTERVAL_S:
                 reporter.bad_messages = learner.bad_messages
@@ -202,7 +206,7 @@ def actor_loop(
         actor.envs.close()
 
 
-def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket) -> None:
+def _report_link(name: str, costs: dict[str, float] | None, events: zmq.Socket[Any]) -> None:
     """Log a TCP link's measured latency and rate and tell the driver (summary: measured_costs)."""
     if costs is None:
         log.warning("%s: the learner did not echo the link probe in time; link not measured", name)
@@ -233,10 +237,10 @@ def evaluator_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid
 
 
 def evaluator_loop(
-    run: RunContext, endpoints: Endpoints, ctx: zmq.Context, events: zmq.Socket, driver: DriverLink
+    run: RunContext, endpoints: Endpoints, ctx: zmq.Context[Any], events: zmq.Socket[Any], driver: DriverLink
 ) -> None:
     """Greedy rounds on the newest weights, at most one per eval.interval_s, only when weights changed."""
-    learner = LearnerLink(ctx, endpoints, "evaluator", {"kind": "hello", "role": "evaluator"})
+    learner = LearnerLink(ctx, endpoints, "evaluator", Hello(role="evaluator"))
     evaluator = build_evaluator(run.cfg)
     poller = zmq.Poller()  # weights are read when a round is due, not on every publish
     for sock in (learner.link, driver.sock):
@@ -273,7 +277,7 @@ def learner_main(
     rank: int = 0,
     group: GroupSpec | None = None,
 ) -> None:
-    def loop(ctx: zmq.Context, events: zmq.Socket, driver: DriverLink) -> None:
+    def loop(ctx: zmq.Context[Any], events: zmq.Socket[Any], driver: DriverLink) -> None:
         learner_loop(
             run,
             token,
@@ -293,8 +297,8 @@ def learner_main(
 class LearnerSockets:
     """The learner's listening sockets; with TCP, the gatekeeper that refuses peers without the run's key."""
 
-    router: zmq.Socket  # hello, fragment notices in; weights replies, credits out
-    publisher: zmq.Socket  # weights, newest wins
+    router: zmq.Socket[Any]  # hello, fragment notices in; weights replies, credits out
+    publisher: zmq.Socket[Any]  # weights, newest wins
     gate: Gatekeeper | None
 
     @property
@@ -302,7 +306,7 @@ class LearnerSockets:
         return {"fragments": bound_endpoint(self.router), "weights": bound_endpoint(self.publisher)}
 
 
-def bind_learner(ctx: zmq.Context, endpoints: Endpoints) -> LearnerSockets:
+def bind_learner(ctx: zmq.Context[Any], endpoints: Endpoints) -> LearnerSockets:
     """Bind where `endpoints` say (a TCP port `*` picks a free one; see `LearnerSockets.endpoints`)."""
     gate = Gatekeeper(ctx, endpoints.keys) if endpoints.keys is not None else None
     return LearnerSockets(
@@ -312,14 +316,60 @@ def bind_learner(ctx: zmq.Context, endpoints: Endpoints) -> LearnerSockets:
     )
 
 
-def fragment_from_header(header: dict[str, Any], arrays: dict[str, Any]) -> Fragment:
-    meta: dict[str, int] = {}
-    for key in ("actor", "seq", "version", "env_steps"):
-        value = header.get(key)
-        if not isinstance(value, int) or value < 0:
-            raise WireError(f"fragment header field {key!r} must be a non-negative int, got {value!r}")
-        meta[key] = value
-    return Fragment(arrays, meta["actor"], meta["seq"], meta["version"], meta["env_steps"])
+class LearnerEndpoint:
+    """The learner's messages over its sockets: each kind from an actor dispatched to its handler
+    (hello, probe, fragment notice), and what the service returns sent back (weights, credits)."""
+
+    def __init__(self, sockets: LearnerSockets, service: LearnerService[bytes], reader: SlotReader, epoch: int):
+        self.router, self.publisher = sockets.router, sockets.publisher
+        self.service, self.reader, self.epoch = service, reader, epoch
+        self.handlers: dict[type[Message], Callable[[bytes, Any, list[Any]], None]] = {
+            Hello: self.on_hello,
+            Probe: self.on_probe,
+            FragmentNotice: self.on_fragment,
+        }
+
+    def handle(self, identity: bytes, frames: list[Any]) -> None:
+        """One message from a peer; WireError (the caller counts it) when it is malformed."""
+        header = unpack_header(frames[0])
+        try:
+            message = parse(header, TO_LEARNER)
+        except WireError:
+            if header.get("kind") == FragmentNotice.kind and header.get("epoch") == self.epoch:
+                self.service.give_back(identity, header.get("slot"))  # a granted slot stays its actor's
+            raise
+        self.handlers[type(message)](identity, message, frames)
+
+    def on_hello(self, identity: bytes, hello: Hello, frames: list[Any]) -> None:
+        version, weights = self.service.hello(identity, hello)
+        reply = Weights(version, self.epoch, resync=hello.resync is not None)
+        self.router.send_multipart([identity, *encode(reply.header(), weights)])
+
+    def on_probe(self, identity: bytes, probe: Probe, frames: list[Any]) -> None:
+        """An actor on another machine times its link: echo it now."""
+        self.router.send_multipart([identity, pack_header(Probe(probe.n).header())])
+
+    def on_fragment(self, identity: bytes, notice: FragmentNotice, frames: list[Any]) -> None:
+        if not self.service.notice(identity, notice):
+            return
+        try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
+            if notice.in_shared_memory:
+                arrays = self.reader.read(notice.header(), copy=not self.service.trains_in_slot)
+            else:
+                arrays = decode(frames)[1]
+                self.service.reporter.fragments_in_frames += 1
+        except Exception:
+            self.service.reject(identity, notice.slot)
+            raise
+        fragment = Fragment(arrays, notice.actor, notice.seq, notice.version, notice.env_steps)
+        self.service.take(identity, notice.slot, fragment, in_slot=notice.in_shared_memory)
+
+    def publish(self, version: int, weights: Any) -> None:
+        self.publisher.send_multipart(encode(Weights(version, self.epoch).header(), weights), copy=False)
+
+    def send_credits(self) -> None:
+        for peer, slot, min_version in self.service.grants():
+            self.router.send_multipart([peer, pack_header(Credit(slot, min_version, self.epoch).header())])
 
 
 def learner_loop(
@@ -328,7 +378,7 @@ def learner_loop(
     epoch: int,
     sockets: LearnerSockets,
     store: FileStore | ShippedStore,
-    events: zmq.Socket,
+    events: zmq.Socket[Any],
     driver: DriverLink,
     rank: int = 0,
     group: GroupSpec | None = None,
@@ -341,87 +391,34 @@ def learner_loop(
     `group`: one of several learners, kept in step through torch.distributed (tianji.runtime.sync).
     """
     cfg = run.cfg
-    router, publisher = sockets.router, sockets.publisher
-    poller = zmq.Poller()
-    for sock in (router, driver.sock):
-        poller.register(sock, zmq.POLLIN)
-
     learner = build_learner(cfg, store.load(restart=epoch > 0) if run.resumed or epoch > 0 else None)
     if group is not None:
-        if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
-            group = replace(group, backend="nccl")  # gradients stay on the GPUs
-        costs = _join_learner_group(learner, cfg, group, group_store)
-        events.send(pack_header(measured(f"learner{rank}", costs)))
+        events.send(pack_header(measured(f"learner{rank}", _join_learner_group(learner, cfg, group, group_store))))
     service: LearnerService[bytes] = LearnerService(learner, cfg, epoch, rank)
-    reporter = service.reporter
     reader = SlotReader(allowed_prefix=f"tianji-{token}-")
-
-    def weights_message(version: int, weights: Any, resync: bool = False) -> list[Any]:
-        header = {"kind": "weights", "version": version, "epoch": epoch, **({"resync": True} if resync else {})}
-        return encode(header, weights)
-
-    def handle(identity: bytes, frames: list[Any]) -> None:
-        header = unpack_header(frames[0])
-        if header["kind"] == "hello":
-            reply = weights_message(*service.hello(identity, header), resync="resync" in header)
-            router.send_multipart([identity, *reply])
-        elif header["kind"] == "probe":  # an actor on another machine times its link: echo it now
-            if not isinstance(header.get("n"), int):
-                raise WireError("probe without an int 'n'")
-            router.send_multipart([identity, pack_header({"kind": "probe", "n": header["n"]})])
-        elif header["kind"] == "fragment":
-            if not service.notice(identity, header):
-                return
-            slot = header["slot"]
-            try:  # arrays in the sender's shared memory (same machine), or in frames after the notice
-                if "shm" in header:
-                    arrays = reader.read(header, copy=not service.trains_in_slot)
-                else:
-                    arrays = decode(frames)[1]
-                    reporter.fragments_in_frames += 1
-                fragment = fragment_from_header(header, arrays)
-            except Exception:
-                service.reject(identity, slot)
-                raise
-            service.take(identity, slot, fragment, in_slot="shm" in header)
-        else:
-            raise WireError(f"unexpected message kind {header['kind']!r}")
-
-    def checkpoint() -> None:
-        events.send_multipart(store.save(learner.state_dict()))
-
+    endpoint = LearnerEndpoint(sockets, service, reader, epoch)
+    poller = zmq.Poller()
+    for sock in (sockets.router, driver.sock):
+        poller.register(sock, zmq.POLLIN)
     while True:
-        timeout = 0 if service.ready() or not service.wants_data() else 50
-        started = time.perf_counter()
-        poller.poll(timeout)
-        reporter.wait_s += time.perf_counter() - started
+        _wait_for_work(poller, service)
         if _orders(driver):
             service.stop()  # with a group, stopping is a collective: the others leave with it
             break
-        while service.wants_data() and router.poll(0):
-            identity, *frames = router.recv_multipart(copy=False)
-            try:
-                handle(identity.bytes, frames)
-            except WireError as exc:
-                reporter.bad_messages += 1
-                log_rejected(f"learner{rank}", reporter.bad_messages, exc)
+        _take_messages(endpoint, rank)
         try:
             published = service.step()
         except GroupStopping:  # another learner of the group is stopping
             break
         if published is not None:
-            publisher.send_multipart(weights_message(*published), copy=False)
-        for peer, slot, min_version in service.grants():
-            router.send_multipart(
-                [peer, pack_header({"kind": "credit", "slot": slot, "min_version": min_version, "epoch": epoch})]
-            )
+            endpoint.publish(*published)
+        endpoint.send_credits()
         if service.event_due():
-            reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0
-            events.send(pack_header(reporter.event()))
+            events.send(pack_header(_learner_event(service, sockets)))
         if service.checkpoint_due():
-            checkpoint()
-    checkpoint()
-    events.send(pack_header(reporter.event()))
+            events.send_multipart(store.save(learner.state_dict()))
+    events.send_multipart(store.save(learner.state_dict()))
+    events.send(pack_header(service.reporter.event()))
     events.send(pack_header(stopped(learner.version)))
     reader.close()
     if sockets.gate is not None:
@@ -430,12 +427,39 @@ def learner_loop(
         leave_group()
 
 
+def _learner_event(service: LearnerService[bytes], sockets: LearnerSockets) -> dict[str, Any]:
+    service.reporter.refused_peers = sockets.gate.refused if sockets.gate is not None else 0
+    return dict(service.reporter.event())
+
+
+def _wait_for_work(poller: zmq.Poller, service: LearnerService[bytes]) -> None:
+    """Wait for a message unless an update is ready (or the buffer is full); the wait is measured."""
+    timeout = 0 if service.ready() or not service.wants_data() else 50
+    started = time.perf_counter()
+    poller.poll(timeout)
+    service.reporter.wait_s += time.perf_counter() - started
+
+
+def _take_messages(endpoint: LearnerEndpoint, rank: int) -> None:
+    """Every waiting message while the learner wants data; a malformed one is counted, logged and dropped."""
+    service, router = endpoint.service, endpoint.router
+    while service.wants_data() and router.poll(0):
+        identity, *frames = router.recv_multipart(copy=False)
+        try:
+            endpoint.handle(identity.bytes, frames)
+        except WireError as exc:
+            service.reporter.bad_messages += 1
+            log_rejected(f"learner{rank}", service.reporter.bad_messages, exc)
+
+
 def _join_learner_group(
     learner: Learner, cfg: Config, group: GroupSpec, group_store: dist.TCPStore | None
 ) -> dict[str, float]:
     """Form the process group and start from rank 0's parameters, moments and version (after a
     resume each learner loaded its own checkpoint; in allreduce mode they must be identical).
     Returns the group's collective costs, measured with a bucket of the model's size."""
+    if getattr(learner.algo, "device", torch.device("cpu")).type == "cuda":
+        group = replace(group, backend="nccl")  # gradients stay on the GPUs
     join_group(group, group_store)
     sync = make_sync(cfg.sync.mode, group.world_size, cfg.sync.every, cfg.sync.average_optimizer)
     learner.attach_sync(sync)

@@ -5,10 +5,10 @@ it the messages its sockets receive and sends what it returns. So all three run 
 credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and checkpoint timing.
 
     service = LearnerService(learner, cfg, epoch=0)
-    service.hello(peer, {"kind": "hello", "actor": 0, "slots": 2})   # -> the weights to reply with
-    for peer, slot, min_version in service.grants(): ...             # credits to send
-    if service.notice(peer, header):                                 # a fragment in a granted slot
-        service.take(peer, slot, fragment, in_slot=True)
+    service.hello(peer, Hello(actor=0, slots=2))      # -> the weights to reply with
+    for peer, slot, min_version in service.grants(): ...  # credits to send
+    if service.notice(peer, notice):                  # a FragmentNotice for a granted slot
+        service.take(peer, notice.slot, fragment, in_slot=True)
     published = service.step()          # one update when ready; new weights to publish, or None
     if service.checkpoint_due(): save(service.learner.state_dict())
 """
@@ -27,10 +27,10 @@ from tianji.runtime.balance import CreditLedger
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 from tianji.runtime.roles.reporters import LearnerReporter
+from tianji.runtime.shared.protocol import FragmentNotice, Hello
 from tianji.runtime.transport.wire import WireError
 
 EVENT_INTERVAL_S = 0.1
-MAX_SLOTS = 1024  # an actor announcing more slots than this is refused
 
 
 PeerT = TypeVar("PeerT", bound=Hashable)  # how the transport names a sender: a ZeroMQ identity, an actor id
@@ -68,26 +68,24 @@ class LearnerService(Generic[PeerT]):
 
     # ------------------------------------------------------------ messages in
 
-    def hello(self, peer: PeerT, header: dict[str, Any]) -> tuple[int, Any]:
+    def hello(self, peer: PeerT, hello: Hello) -> tuple[int, Any]:
         """An actor (or the evaluator) said hello: an actor's slots are the learner's to grant.
         Returns the weights to reply with: (version, arrays)."""
-        if "actor" in header:  # the evaluator says hello too, but fills no slots
-            actor_id, slots = slots_announced(header, self.default_slots)
-            self.credits.register(actor_id, peer, slots)
-            if "resync" in header:  # its link came back after a cut
-                self.credits.resync(peer, resync_announced(header))
+        if hello.actor is not None:  # the evaluator says hello too, but fills no slots
+            self.credits.register(hello.actor, peer, hello.slots or self.default_slots)
+            if hello.resync is not None:  # its link came back after a cut
+                self.credits.resync(peer, set(hello.resync.sent))
         return self.published, self.published_weights
 
-    def notice(self, peer: PeerT, header: dict[str, Any]) -> bool:
+    def notice(self, peer: PeerT, notice: FragmentNotice) -> bool:
         """A fragment notice came: True when its arrays are to be read and taken; False when it is for
         an earlier learner incarnation (its slot was granted anew). Raises WireError for a slot that
         was not granted to its sender."""
-        if header.get("epoch") != self.epoch:
+        if notice.epoch != self.epoch:
             self.reporter.stale_notices += 1
             return False
-        slot = header.get("slot")
-        if not self.credits.arrived(peer, slot):
-            raise WireError(f"fragment notice for slot {slot!r}, which was not granted to its sender")
+        if not self.credits.arrived(peer, notice.slot):
+            raise WireError(f"fragment notice for slot {notice.slot!r}, which was not granted to its sender")
         return True
 
     def take(self, peer: PeerT, slot: int, fragment: Fragment, in_slot: bool) -> None:
@@ -97,6 +95,11 @@ class LearnerService(Generic[PeerT]):
             self._trained_in_slot.append((peer, slot))
         else:
             self.credits.release(peer, slot)
+
+    def give_back(self, peer: PeerT, slot: object) -> None:
+        """A malformed notice named `slot`: if it was granted to this sender, the slot is the learner's again."""
+        if self.credits.arrived(peer, slot):
+            self.credits.release(peer, slot)  # type: ignore[arg-type]  # arrived only for an int slot
 
     def reject(self, peer: PeerT, slot: int) -> None:
         """A noticed fragment could not be read: its slot is the learner's again."""
@@ -158,21 +161,3 @@ class LearnerService(Generic[PeerT]):
             return False
         setattr(self, last, now)
         return True
-
-
-def resync_announced(header: dict[str, Any]) -> set[int]:
-    """The slots of the fragments an actor sent that no credit has answered, from its resync hello."""
-    resync = header["resync"]
-    sent = resync.get("sent") if isinstance(resync, dict) else None
-    if not (isinstance(sent, list) and all(isinstance(s, int) for s in sent)):
-        raise WireError(f"hello: 'resync' must map 'sent' to slot numbers, got {resync!r}")
-    return set(sent)
-
-
-def slots_announced(header: dict[str, Any], default: int) -> tuple[int, int]:
-    actor, slots = header.get("actor"), header.get("slots", default)
-    if not (isinstance(actor, int) and actor >= 0):
-        raise WireError(f"hello: 'actor' must be a non-negative int, got {actor!r}")
-    if not (isinstance(slots, int) and 1 <= slots <= MAX_SLOTS):
-        raise WireError(f"hello: 'slots' must be an int in [1, {MAX_SLOTS}], got {slots!r}")
-    return actor, slots

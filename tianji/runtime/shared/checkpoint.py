@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the text names the file and the reason."""
 
 
-def _atomic_write(path: Path, write) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -155,7 +156,8 @@ class GoodSet:
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text())
+            state: dict[str, Any] = json.loads(path.read_text())
+            return state
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
 

@@ -53,7 +53,7 @@ class ActorEvent(ActorCounters):
     kind: Literal["actor"]
     role: str
     id: int
-    episodes: list[tuple]  # finished (return, length[, won])
+    episodes: list[tuple[float, ...]]  # finished (return, length[, won])
 
 
 class LearnerEvent(LearnerCounters):
@@ -104,7 +104,7 @@ Event = ActorEvent | LearnerEvent | EvalEvent | CheckpointNotice | MeasuredCosts
 _COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
 
 
-def actor_event(actor_id: int, episodes: list[tuple], counts: dict[str, float]) -> ActorEvent:
+def actor_event(actor_id: int, episodes: list[tuple[float, ...]], counts: dict[str, float]) -> ActorEvent:
     event = {"kind": "actor", "role": f"actor{actor_id}", "id": actor_id, "episodes": episodes}
     return cast(ActorEvent, {**event, **{key: counts[key] for key in ACTOR_COUNTERS}})
 
