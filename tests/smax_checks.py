@@ -1,7 +1,7 @@
 """SMAX adapter checks, run by tests/test_multiagent.py in a fresh interpreter: JAX must never be
 imported into the pytest process, which forks role processes for other tests.
 
-    python tests/smax_checks.py shapes|win|truncation|maps
+    python tests/smax_checks.py CHECK [CHECK ...]   # shapes, win, truncation, maps
 """
 
 from __future__ import annotations
@@ -89,5 +89,6 @@ def maps() -> None:
 
 
 if __name__ == "__main__":
-    {"shapes": shapes, "win": win, "truncation": truncation, "maps": maps}[sys.argv[1]]()
-    print("ok")
+    for check in sys.argv[1:]:  # one interpreter for several checks: JAX starts once
+        {"shapes": shapes, "win": win, "truncation": truncation, "maps": maps}[check]()
+        print(check, "ok")

@@ -279,7 +279,11 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-@pytest.mark.parametrize("disk_kind", [SmallFilesystem, FileSizeLimit], ids=["tmpfs", "file-size-limit"])
+@pytest.mark.parametrize(  # the same behaviour under two kinds of full disk; the root-only one in the slow tier
+    "disk_kind",
+    [pytest.param(SmallFilesystem, marks=pytest.mark.slow), FileSizeLimit],
+    ids=["tmpfs", "file-size-limit"],
+)
 def test_a_full_disk_costs_writes_not_the_run_nor_the_last_good_set(tmp_path, disk_kind):
     disk = disk_kind(tmp_path)
     if not disk.mount():

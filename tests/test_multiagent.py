@@ -141,10 +141,13 @@ def test_qmix_policy_explores_and_exploits_only_available_actions():
 # ---------------------------------------------------------------- adapters
 
 
-@pytest.mark.parametrize("check", ["shapes", "win", "truncation", pytest.param("maps", marks=pytest.mark.slow)])
-def test_smax_adapter(check):
+@pytest.mark.parametrize(
+    "checks", [["shapes", "win", "truncation"], pytest.param(["maps"], marks=pytest.mark.slow)], ids=["adapter", "maps"]
+)
+def test_smax_adapter(checks):
+    """The checks in one fresh interpreter: JAX and the SMAX maps compile once for all of them."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "smax_checks.py"), check],
+        [sys.executable, str(ROOT / "tests" / "smax_checks.py"), *checks],
         capture_output=True,
         text=True,
         timeout=240,
