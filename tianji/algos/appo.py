@@ -90,7 +90,8 @@ class APPOLearner(OnPolicyLearner[PolicyValueNet]):
         loss, stats = ppo_loss(
             logp, centre, b["adv"], values, b["vs"], entropy, self.cfg, b["value"], baseline_weights=rho
         )
-        stats["approx_kl"] = approx_kl(logp.detach() - b["prox_logp"])  # this update's movement, whatever the centre
+        if self.cfg.clip_anchor == "behaviour":  # ppo_loss measured it from mu: the update's movement is from pi_prox
+            stats["approx_kl"] = approx_kl(logp.detach() - b["prox_logp"])
         return loss, stats
 
 

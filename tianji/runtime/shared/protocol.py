@@ -215,17 +215,13 @@ class _Signal(Message):
     def parse(cls, header: Mapping[str, Any]) -> _Signal:
         return cls()
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self)
 
-    def __hash__(self) -> int:
-        return hash(self.kind)
-
-
+@dataclass(frozen=True)
 class Stop(_Signal):
     kind: ClassVar[str] = "stop"
 
 
+@dataclass(frozen=True)
 class Heartbeat(_Signal):
     """The driver is alive (roles exit after supervision.driver_timeout_s without a message)."""
 
