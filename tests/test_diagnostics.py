@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tianji.config import load_config
-from tianji.runtime.driver.writers import RowWriter
+from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 from tianji.tools.train import train
 
 EVERY_POLICY_GRADIENT = {"train/entropy", "train/approx_kl", "train/explained_variance", "train/grad_norm", "train/lr"}
@@ -159,3 +159,62 @@ def test_plot_overlays_two_runs_in_one_png(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def console_row(**changes: float) -> dict[str, float]:
+    nan = float("nan")
+    row = {
+        "time_s": 12.5,
+        "env_steps": 123456,
+        "perf/env_steps_per_s": 9876.0,
+        "env/return_mean100": 201.5,
+        "eval/return_mean": 480.0,
+        "env/win_rate100": nan,
+        "eval/win_rate": nan,
+        "env/episodes": 640,
+        "balance/policy_version": 37,
+        "perf/updates_per_s": 9.8,
+        "balance/lag_min": 0,
+        "balance/lag_mean": 1.25,
+        "balance/lag_max": 3,
+        "balance/fragments_dropped": 2,
+        "perf/actor_busy": 0.95,
+        "perf/learner_busy": 0.5,
+        "balance/replay_ratio": nan,
+        "train/entropy": 0.61,
+        "train/approx_kl": 0.0021,
+        "train/grad_norm": nan,
+    }
+    return row | changes
+
+
+def test_the_console_line_shows_progress_balance_and_the_learning_signs(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    console = ConsoleLine(enabled=True, show_ratio=True)
+    console.show(console_row())
+    console.show(console_row(**{"env/win_rate100": 0.5, "eval/win_rate": 0.75, "balance/replay_ratio": 4.0}))
+    console.show(console_row(**{"perf/learner0/updates_per_s": 4.9, "perf/learner1/updates_per_s": 5.1}))
+    console.finish()
+    first, second, third = capsys.readouterr().out.splitlines()
+    assert "steps    123,456 (   9.9k/s) | return   201.5 eval  480.0 ep    640 | v37" in first
+    assert "lag 0/1.2/3 drop 2 | busy A  95% L  50% | H 0.61 kl 0.0021" in first
+    assert "win" not in first and "rr" not in first and "|g|" not in first  # nothing shown that was not measured
+    assert "win  50% eval win  75% " in second and second.split(" | ")[-2] == "rr 4.0"
+    assert "upd   9.8/s (4.9+5.1)" in third
+
+
+def test_a_disabled_console_prints_nothing(capsys):
+    console = ConsoleLine(enabled=False)
+    console.show(console_row())
+    console.finish()
+    assert capsys.readouterr().out == ""
+
+
+def test_on_a_terminal_the_console_line_is_rewritten_in_place(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    console = ConsoleLine(enabled=True)
+    console.show(console_row())
+    console.show(console_row(time_s=13.0))
+    console.finish()
+    out = capsys.readouterr().out
+    assert out.count("\r") == 2 and out.count("\033[K") == 2 and out.endswith("\n") and out.count("\n") == 1

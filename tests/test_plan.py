@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tianji import cli
 from tianji.config import load_config
 from tianji.tools import calibration, plan
 from tianji.tools.calibration import Calibration, Space
@@ -344,3 +345,25 @@ def test_two_learners_training_as_a_group_price_each_collective_message():
     layout = calibration.with_layout(config(), 1, 32, 2048)
     rate = calibration.measure_group_training(layout, updates_per_s=10.0, seconds=0.3)  # two forked learners, gloo
     assert rate > 0
+
+
+def test_the_plan_command_prints_the_table_the_choice_and_the_cluster_what_if(monkeypatch, capsys):
+    """`tianji plan` end to end on measured rates (the calibration itself is tested above)."""
+    calls = []
+
+    def fake_calibrate(cfg, space, group=False):
+        calls.append(group)
+        return cluster_calibration()
+
+    monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
+    assert cli.main(["plan", "cartpole-ppo", "--cores", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrating cartpole-ppo on this machine" in out and "chosen: --set topology.learners=" in out
+    assert cli.main(["plan", "cartpole-ppo", "--cores", "8", "--nodes", "4"]) == 0
+    assert "learner group of two" in capsys.readouterr().out
+    assert calls == [False, True]
+    for bad in (["--nodes", "0"], ["--nodes", "2", "--link-gbit", "0"]):
+        assert cli.main(["plan", "cartpole-ppo", *bad]) == 2
+        assert "--link-latency-us: zero or more" in capsys.readouterr().err
+    assert cli.main(["plan", "cartpole-ppo", "--gpu-learner-rate", "1e6"]) == 2
+    assert "only with --nodes N or --cluster" in capsys.readouterr().err

@@ -298,7 +298,7 @@ def _plan_cluster(args: argparse.Namespace, cfg, cores_per_node: int) -> int:
     from tianji.tools.plan import format_cluster, layout_space, predict_cluster
 
     if (
-        (args.nodes or 1) < 1
+        (args.nodes is not None and args.nodes < 1)
         or cores_per_node < 1
         or args.link_gbit <= 0
         or args.link_latency_us < 0
