@@ -79,7 +79,7 @@ def truncation() -> None:
 
 def maps() -> None:
     """The harder maps' presets build their learner and actor and step their map (8 steps, 2 envs)."""
-    for name in ("smax-3s5z-qmix", "smax-5m-vs-6m-qmix", "smax-5m-vs-6m-mappo", "smax-6h-vs-8z-qmix"):
+    for name in ("smax-3s5z-qmix", "smax-5m-vs-6m-qmix", "smax-6h-vs-8z-qmix"):
         cfg = load_config(name, ["topology.envs_per_actor=2", "topology.fragment_length=8"])
         build_learner(cfg)
         fragment = build_actor(cfg, 0).collect()
