@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from tianji.runtime.balance import CreditLedger, LagStats, RateLimiter, lag_aware_in_flight
+from tianji.runtime.balance import (
+    CreditLedger,
+    LagController,
+    LagStats,
+    LagWindow,
+    RateLimiter,
+    lag_aware_in_flight,
+)
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 
@@ -324,3 +334,72 @@ def test_a_resync_after_a_cut_link_voids_the_actors_unarrived_grants_and_counts_
     assert ledger.in_flight() == 1  # only the fragment that arrived is still the learner's to train
     assert [slot for _, slot, _ in ledger.grant(version=0, versions_per_fragment=1.0)] == [1, 2, 3]
     assert not ledger.arrived(b"a", 5) and ledger.arrived(b"a", 1)  # grants anew, read as usual
+
+
+# ---------------------------------------------------------------- the lag bound chosen online
+
+TRACES = Path(__file__).parent / "data" / "lag-traces"
+
+
+def trace(name: str, ess: bool = True) -> list[LagWindow]:
+    """A recorded run's windows (tests/data/lag-traces/README.md)."""
+    rows = [json.loads(line) for line in (TRACES / f"{name}.jsonl").read_text().splitlines()]
+    return [LagWindow(r["perf/learner_wait"], r["train/rho_ess"] if ess else float("nan")) for r in rows]
+
+
+def replay(control: LagController, windows: list[LagWindow]) -> list[int]:
+    """The bound after each window."""
+    bounds = []
+    for window in windows:
+        control.observe(window)
+        bounds.append(control.bound)
+    return bounds
+
+
+def test_the_lag_controller_raises_the_bound_while_the_learner_waits_and_the_data_teach():
+    control = LagController(bound=1)
+    bounds = replay(control, trace("fresh"))
+    assert bounds[-1] > 1 and bounds == sorted(bounds), bounds
+    assert all("waited" in d.reason for d in control.decisions)
+    assert control.inflight > 1  # the credits follow the bound
+
+
+def test_the_lag_controller_lowers_the_bound_when_stale_data_stop_teaching():
+    control = LagController(bound=8)
+    bounds = replay(control, trace("fast"))
+    assert bounds[-1] < 8 and bounds == sorted(bounds, reverse=True), bounds
+    assert all("stopped teaching" in d.reason for d in control.decisions)
+
+
+def test_the_lag_controller_holds_still_on_a_steady_trace():
+    control = LagController(bound=8)
+    assert set(replay(control, trace("steady"))) == {8} and control.decisions == []
+
+
+def test_the_lag_controller_never_raises_without_a_measure_of_the_data():
+    assert set(replay(LagController(bound=2), trace("fresh", ess=False))) == {2}
+
+
+def test_the_lag_controller_settles_after_a_change_rather_than_oscillating():
+    """Starved, then steady: the bound climbs, then stays where it got to (one direction, no way back)."""
+    control = LagController(bound=1)
+    bounds = replay(control, trace("fresh") + trace("steady") * 3)
+    settled = bounds[len(trace("fresh")) :]
+    assert len(set(settled)) == 1 and settled[0] > 1, bounds
+
+
+def test_the_lag_controller_keeps_to_its_limits():
+    control = LagController(bound=40, high=16)
+    assert control.bound == 16
+    replay(control, [LagWindow(0.5, 1.0)] * 30)
+    assert control.bound == 16 and control.inflight == 4
+    replay(control, [LagWindow(0.0, 0.1)] * 90)
+    assert control.bound == 1 and control.inflight == 1
+
+
+def test_a_bound_lowered_for_its_data_is_out_of_reach_for_a_while_then_tried_again():
+    control = LagController(bound=4, ceiling_windows=9)
+    replay(control, [LagWindow(0.0, 0.5)] * 3)
+    assert control.bound == 3
+    starved = [LagWindow(0.5, 1.0)] * 12
+    assert replay(control, starved) == [3] * 8 + [4, 4, 4, 5]  # held for 9 windows, then raised every 3

@@ -37,6 +37,7 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
     "train/grad_norm": (0.0, 1e6),
     "train/lr": (1e-12, 1.0),
     "train/rho_mean": (1e-6, 1e3),
+    "train/rho_ess": (0.0, 1.0 + 1e-6),
     "train/rho_clipped": (0.0, 1.0),
     "train/dead_units": (0.0, 1.0),
 }
@@ -53,17 +54,17 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
         (
             "cartpole-ppo",
             ["algo.stale_correction=true", "algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-            {"train/clip_frac", "train/rho_mean", "train/rho_clipped"},
+            {"train/clip_frac", "train/rho_mean", "train/rho_clipped", "train/rho_ess"},
         ),
         (
             "cartpole-impala",
             ["topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-            {"train/rho_mean", "train/rho_clipped"},
+            {"train/rho_mean", "train/rho_clipped", "train/rho_ess"},
         ),
         (
             "cartpole-impala",
             ["algo.name=appo", "topology.actors=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-            {"train/clip_frac", "train/rho_mean", "train/rho_clipped"},
+            {"train/clip_frac", "train/rho_mean", "train/rho_clipped", "train/rho_ess"},
         ),
         (
             "mpe-spread-mappo",

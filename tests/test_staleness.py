@@ -18,7 +18,7 @@ import torch
 import tianji.algos.mappo as mappo_module
 import tianji.algos.ppo as ppo_module
 from tianji.algos.base import Placement
-from tianji.algos.common.correction import clip_bounds, importance_weights
+from tianji.algos.common.correction import behaviour_gap, clip_bounds, importance_weights
 from tianji.algos.common.surrogate import ppo_loss
 from tianji.algos.mappo import MAPPOConfig, MAPPOLearner, MAPPOPolicy
 from tianji.algos.ppo import PPOConfig, PPOLearner, PPOPolicy
@@ -95,12 +95,14 @@ def first_step_gradients(lag: int) -> dict[str, float]:
         "corrected": cosine(flat_grad(corrected, params), weighted),
         "outside": float(outside.float().mean()),
         "kl": stats["behaviour_kl"],
+        "ess": stats["rho_ess"],
     }
 
 
 def test_a_batch_four_versions_old_keeps_the_importance_weighted_direction():
     result = first_step_gradients(lag=4)
     assert 0.005 < result["kl"] < 0.05, result  # as far as Pong's policy moves in 4 versions (KL 0.012)
+    assert 0.5 < result["ess"] < 0.99, result  # stale: fewer effective samples than samples
     assert result["outside"] > 0.3, result  # many samples start outside the clip
     assert result["corrected"] >= 0.9, result
     assert result["behaviour"] < 0.5, result  # what the clip around the actor's policy gives (-0.46 here)
@@ -114,6 +116,7 @@ def test_a_fresh_batch_is_plain_ppo():
     torch.testing.assert_close(samples["prox_logp"], samples["logp"], atol=1e-5, rtol=0)
     assert stats["rho_mean"] == pytest.approx(1.0, abs=1e-5)
     assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["rho_ess"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_proximal_values_are_the_learners_own():
@@ -337,3 +340,10 @@ def test_the_mappo_learner_cuts_the_team_trace_by_the_joint_actions_ratio(monkey
     else:
         expected = np.minimum(1.0, np.exp(log_ratio)).reshape(traces.shape)
     np.testing.assert_allclose(traces, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_the_effective_sample_size_of_the_weights_against_a_hand_computed_one():
+    """Weights pi / mu of 1, 1, 2 and 0.5: (sum w)^2 / (n sum w^2) = 4.5^2 / (4 x 6.25) = 0.81."""
+    behaviour = torch.zeros(4)
+    target = torch.tensor([1.0, 1.0, 2.0, 0.5]).log()
+    assert behaviour_gap(behaviour, target, rho_bar=1.0)["rho_ess"] == pytest.approx(0.81)

@@ -241,3 +241,99 @@ class RateLimiter:
         elif not allowed and since is None:
             self._blocked_since[side] = now
         return allowed
+
+
+# ---------------------------------------------------------------- the lag bound, chosen online
+
+
+@dataclass(frozen=True)
+class LagWindow:
+    """What one window of training measured: the lag controller's inputs.
+
+    `learner_wait`: of the window's wall time, the share the learner waited for data (production short).
+    `ess`: the effective sample size of the importance weights pi / mu of the data trained on, over their
+    count, (sum w)^2 / (n sum w^2): 1 when the data are as good as fresh, lower as the actors' policy and
+    the learner's drift apart (`train/rho_ess`); NaN where the algorithm does not measure it. A share of
+    truncated weights is no such signal: with V-trace's rho_bar of 1 about half the weights of fresh data
+    are over it (measured on BeamRider: 37-49 % at lag 0-4)."""
+
+    learner_wait: float
+    ess: float = float("nan")
+
+
+@dataclass(frozen=True)
+class LagDecision:
+    """One move of the bound (and the credits with it), and why."""
+
+    bound: int
+    inflight: int
+    reason: str
+
+
+@dataclass
+class LagController:
+    """`balance.max_policy_lag: auto`: raises the lag bound while the learner waits for data and stale data
+    still teach (the weights' effective sample size high); lowers it when they stop teaching.
+
+    Each decision reads the means of the last `patience` windows, all measured under the current bound (the
+    history starts again after every move), and moves the bound one version. A dead band between the
+    effective sample size that raises and the one that lowers keeps a steady run still rather than
+    oscillating, and a bound that was lowered for its data is not raised back to for `ceiling_windows`
+    windows (on a recorded trace whose data stop teaching now and then, the bound went 8, 7, 6, 7, 6
+    without it). Without an effective sample size it never raises. The credits per actor follow the
+    bound: the lag-aware ledger keeps about bound / 2 + 1 fragments in flight (`lag_aware_in_flight`).
+
+        control = LagController(bound=2)
+        control.observe(LagWindow(learner_wait=0.3, ess=0.97))  # None: 1 window of the 3 a decision reads
+    """
+
+    bound: int
+    low: int = 1
+    high: int = 16
+    max_inflight: int = 4
+    wait_to_raise: float = 0.10  # the learner waited more than this share of the time
+    ess_to_raise: float = 0.90  # and the data kept at least this effective sample size
+    ess_to_lower: float = 0.75  # below this, stale data stopped teaching
+    patience: int = 3
+    ceiling_windows: int = 30  # how long a bound that was lowered for its data stays out of reach
+    decisions: list[LagDecision] = field(default_factory=list)
+    _history: list[LagWindow] = field(default_factory=list)
+    _ceiling: int | None = None
+    _ceiling_left: int = 0
+
+    def __post_init__(self) -> None:
+        self.bound = min(max(self.bound, self.low), self.high)
+
+    @property
+    def inflight(self) -> int:
+        return min(self.bound // 2 + 1, self.max_inflight)
+
+    def observe(self, window: LagWindow) -> LagDecision | None:
+        """Take one window's measurements; returns the decision when the bound moved, else None."""
+        self._history = [*self._history, window][-self.patience :]
+        self._ceiling_left -= 1
+        if self._ceiling_left <= 0:
+            self._ceiling = None
+        if len(self._history) < self.patience:
+            return None
+        step, reason = self._step()
+        bound = min(max(self.bound + step, self.low), self.high if self._ceiling is None else self._ceiling)
+        if bound == self.bound:
+            return None
+        if bound < self.bound:
+            self._ceiling, self._ceiling_left = bound, self.ceiling_windows
+        self.bound = bound
+        self._history = []  # what the old bound measured does not judge the new one
+        decision = LagDecision(bound, self.inflight, reason)
+        self.decisions.append(decision)
+        return decision
+
+    def _step(self) -> tuple[int, str]:
+        """-1 (lower), +1 (raise) or 0 (hold), with why, from the means of the history."""
+        wait = sum(w.learner_wait for w in self._history) / len(self._history)
+        ess = sum(w.ess for w in self._history) / len(self._history)  # NaN if one is
+        if ess < self.ess_to_lower:  # False for NaN
+            return -1, f"stale data stopped teaching (effective sample size {ess:.2f})"
+        if wait > self.wait_to_raise and ess >= self.ess_to_raise:
+            return 1, f"the learner waited {wait:.0%} of the time, stale data still teach (ess {ess:.2f})"
+        return 0, "steady"

@@ -139,12 +139,14 @@ def approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:
 
 def behaviour_gap(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
     """How far the learner's policy had moved from the actors' when the batch was trained on: the mean
-    weight pi / mu (`rho_mean`), the share truncated at rho_bar (`rho_clipped`), and KL(mu || pi)
-    (`behaviour_kl`)."""
+    weight pi / mu (`rho_mean`), the share truncated at rho_bar (`rho_clipped`), KL(mu || pi)
+    (`behaviour_kl`), and the weights' effective sample size over their count (`rho_ess`:
+    (sum w)^2 / (n sum w^2), 1 for fresh data; what the balance's lag controller reads)."""
     log_ratio = target_logp - behaviour_logp
     ratio = log_ratio.exp()
     return {
         "rho_mean": float(ratio.mean()),
         "rho_clipped": float((ratio > rho_bar).float().mean()),
         "behaviour_kl": float(approx_kl(log_ratio)),
+        "rho_ess": float(ratio.sum() ** 2 / (ratio.numel() * ratio.pow(2).sum())),
     }
