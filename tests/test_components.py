@@ -161,3 +161,47 @@ def test_service_publishes_weights_delayed_by_publish_delay():
     ages = [version - weights for version, weights in varied[4:]]  # the history is full from the fifth on
     assert set(ages) == {0, 1, 2, 3, 4}
     assert [version for version, _ in varied] == list(range(1, 61))  # the newest version: actors take them all
+
+
+class MeasuredAlgoLearner(FakeAlgoLearner):
+    """Reports the importance weights' effective sample size, as the policy-gradient algorithms do."""
+
+    ess = 1.0
+
+    def update(self):
+        return {**super().update(), "rho_ess": self.ess}
+
+
+def test_under_an_auto_lag_bound_the_service_moves_the_bound_and_the_credits_and_says_so():
+    cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": {"max_policy_lag": "auto", "lag_start": 4}})
+    assert cfg.balance.bound_at_start == 4 and cfg.balance.slots_per_actor == 4
+    now = [0.0]
+    algo = MeasuredAlgoLearner()
+    service = LearnerService(Learner(algo, cfg.balance.bound_at_start), cfg, clock=lambda: now[0])
+    actor = make_actor()
+
+    def train(seconds: float, waited: float) -> None:
+        for _ in range(int(seconds)):
+            service.take(0, 0, actor.collect(), in_slot=False)
+            now[0] += 1.0
+            service.reporter.wait_s += waited
+            published = service.step()
+            if published is not None:
+                actor.set_weights(*published)
+
+    assert service.credits.inflight_cap == 3 and service.reporter.event()["lag_bound"] == 4
+    train(7, waited=0.5)  # 3 windows of 2 s: the learner waited half the time, the data as good as fresh
+    assert service.credits.max_policy_lag == service.learner.lag.max_policy_lag == 5
+    event = service.reporter.event()
+    assert (event["lag_bound"], event["inflight"]) == (5, 3)
+    algo.ess = 0.4  # the data stopped teaching
+    train(7, waited=0.5)
+    assert service.credits.max_policy_lag == 4 and service.reporter.event()["lag_bound"] == 4
+
+
+def test_a_fixed_lag_bound_is_reported_as_it_is():
+    cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": {"max_policy_lag": 8, "max_inflight": 2}})
+    service = LearnerService(Learner(FakeAlgoLearner(), cfg.balance.bound_at_start), cfg)
+    assert service.lag_control is None and service.credits.inflight_cap is None
+    event = service.reporter.event()
+    assert (event["lag_bound"], event["inflight"]) == (8, 2)

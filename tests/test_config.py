@@ -128,3 +128,13 @@ def test_an_old_key_beside_its_new_name_is_refused():
 def test_an_old_value_with_no_new_counterpart_is_refused():
     with pytest.raises(ConfigError, match="algo.proximal .now algo.clip_anchor. is 'sometimes'"):
         build_config({"algo": {"name": "appo", "proximal": "sometimes"}})
+
+
+def test_the_lag_bound_is_a_number_or_auto():
+    auto = load_config("cartpole-ppo", ["balance.max_policy_lag=auto", "balance.lag_start=2"]).balance
+    assert auto.lag_is_auto and auto.bound_at_start == 2 and auto.slots_per_actor == 4
+    fixed = load_config("cartpole-ppo", ["balance.max_policy_lag=3", "balance.max_inflight=2"]).balance
+    assert not fixed.lag_is_auto and fixed.bound_at_start == 3 and fixed.slots_per_actor == 2
+    for bad in ("often", "-1"):
+        with pytest.raises(ConfigError, match="balance.max_policy_lag"):
+            load_config("cartpole-ppo", [f"balance.max_policy_lag={bad}"])

@@ -194,14 +194,19 @@ def test_the_console_line_shows_progress_balance_and_the_learning_signs(capsys, 
     console = ConsoleLine(enabled=True, show_ratio=True)
     console.show(console_row())
     console.show(console_row(**{"env/win_rate100": 0.5, "eval/win_rate": 0.75, "balance/replay_ratio": 4.0}))
-    console.show(console_row(**{"perf/learner0/updates_per_s": 4.9, "perf/learner1/updates_per_s": 5.1}))
+    console.show(
+        console_row(
+            **{"perf/learner0/updates_per_s": 4.9, "perf/learner1/updates_per_s": 5.1, "balance/lag_bound": 6.0}
+            | {"balance/inflight": 4.0}
+        )
+    )
     console.finish()
     first, second, third = capsys.readouterr().out.splitlines()
     assert "steps    123,456 (   9.9k/s) | return   201.5 eval  480.0 ep    640 | v37" in first
     assert "lag 0/1.2/3 drop 2 | busy A  95% L  50% | H 0.61 kl 0.0021" in first
     assert "win" not in first and "rr" not in first and "|g|" not in first  # nothing shown that was not measured
     assert "win  50% eval win  75% " in second and second.split(" | ")[-2] == "rr 4.0"
-    assert "upd   9.8/s (4.9+5.1)" in third
+    assert "upd   9.8/s (4.9+5.1)" in third and "lag 0/1.2/3 of 6 (4 cr) drop 2" in third
 
 
 def test_a_disabled_console_prints_nothing(capsys):

@@ -382,3 +382,23 @@ def test_the_ray_launcher_runs_the_same_config_from_the_command_line(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["env_steps"] >= 8000 and summary["updates"] > 0 and summary["fragments_over_network"] == 0
     assert load_learner(tmp_path / "run" / "checkpoints", 0)["version"] > 0  # the checkpoint came back to the driver
+
+
+def test_an_auto_lag_bound_runs_and_logs_its_bound_under_both_launchers(tmp_path):
+    """balance.max_policy_lag: auto end to end (its decisions: test_balance.py and test_components.py):
+    actors get room for its credits, the bound and the credits are in every metrics row, the lag within it."""
+    raw = {
+        "name": "auto",
+        "algo": {"name": "appo", "epochs": 1, "minibatches": 1},
+        "stop": {"max_env_steps": 4096},
+        "topology": {"actors": 2, "envs_per_actor": 4, "fragment_length": 16},
+        "balance": {"max_policy_lag": "auto", "lag_start": 2},
+        "logging": {"console": False, "interval_s": 0.2},
+    }
+    for launcher in ("inline", "local"):
+        run_dir, summary = train(build_config(raw), launcher, run_dir=str(tmp_path / launcher))
+        rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
+        bounds = {float(r["balance/lag_bound"]) for r in rows if r["balance/lag_bound"] not in ("", "nan")}
+        assert bounds and min(bounds) >= 1 and max(bounds) <= 16, (launcher, bounds)
+        assert {float(r["balance/inflight"]) for r in rows if r["balance/inflight"] not in ("", "nan")} <= {1, 2, 3, 4}
+        assert summary["policy_lag_max"] <= max(bounds), (launcher, summary)

@@ -105,12 +105,21 @@ class SyncConfig(Section):
     )
 
 
+AUTO_MAX_INFLIGHT = 4  # the credits per actor `max_policy_lag: auto` may grow to (its shared-memory slots)
+
+
 class BalanceConfig(Section):
-    max_policy_lag: int = Field(
-        8, ge=0, description="Fragments produced more than this many versions ago are dropped (counted)."
+    max_policy_lag: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        8,
+        description="Fragments produced more than this many versions ago are dropped (counted). auto: the "
+        "bound is moved while the run goes on, from lag_start, by what the learner measures (docs/balance.md).",
     )
+    lag_start: int = Field(4, ge=1, description="With max_policy_lag: auto, the bound the run starts from.")
     max_inflight: int = Field(
-        2, ge=1, description="Fragments one actor may have sent but not yet consumed by the learner (credits)."
+        2,
+        ge=1,
+        description="Fragments one actor may have sent but not yet consumed by the learner (credits); with "
+        f"max_policy_lag: auto, at least {AUTO_MAX_INFLIGHT}, and the credits granted follow the bound.",
     )
     backpressure: bool = Field(
         True,
@@ -144,6 +153,20 @@ class BalanceConfig(Section):
         "that pauses the faster side (null: no limit).",
     )
     replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
+
+    @property
+    def lag_is_auto(self) -> bool:
+        return self.max_policy_lag == "auto"
+
+    @property
+    def bound_at_start(self) -> int:
+        """The lag bound the run starts with: the fixed one, or lag_start under auto."""
+        return self.lag_start if self.max_policy_lag == "auto" else self.max_policy_lag
+
+    @property
+    def slots_per_actor(self) -> int:
+        """Each actor's shared-memory slots: max_inflight, or room for what auto may grant."""
+        return max(self.max_inflight, AUTO_MAX_INFLIGHT) if self.lag_is_auto else self.max_inflight
 
     @model_validator(mode="after")
     def _varying_delay_needs_a_delay(self) -> BalanceConfig:

@@ -88,9 +88,10 @@ class CreditLedger:
         ledger.release(b"a0", 0)                             # read: the learner holds slot 0 again
     """
 
-    def __init__(self, max_policy_lag: float, lag_aware: bool = True):
+    def __init__(self, max_policy_lag: float, lag_aware: bool = True, inflight_cap: int | None = None):
         self.max_policy_lag = max_policy_lag
         self.lag_aware = lag_aware
+        self.inflight_cap = inflight_cap  # grants in flight per actor, below its slots (the lag controller's)
         self.actors: dict[int, _ActorSlots] = {}
         self._by_identity: dict[Hashable, _ActorSlots] = {}
         self.granted = 0  # grants made, cumulative
@@ -158,7 +159,8 @@ class CreditLedger:
         published = version if published is None else published
         grants: list[tuple[Hashable, int, int]] = []
         while True:
-            waiting = [a for a in self.actors.values() if a.held]
+            cap = self.inflight_cap
+            waiting = [a for a in self.actors.values() if a.held and (cap is None or len(a.floors) < cap)]
             if not waiting:
                 return grants
             floors = [f for a in self.actors.values() for f in a.floors.values()]

@@ -191,7 +191,7 @@ def predict(
     `cal` with the link's costs); `others_in_group`: instead, the group has this many learners on
     other machines whatever the layout here (a cluster of unlike nodes)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
-    bound = cfg.balance.max_policy_lag
+    bound = cfg.balance.bound_at_start
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
     layouts = []
     for k in space.envs:
@@ -425,9 +425,9 @@ def lag_warning(cal: Calibration, cfg: Config, chosen: Layout) -> str | None:
     per_learner = math.ceil(chosen.actors / chosen.learners)
     needed = bound_needed(per_learner, chosen.learner_utilization >= chosen.actor_utilization, vpf)
     return (
-        f"warning: balance.max_policy_lag={cfg.balance.max_policy_lag} is too tight for {per_learner} actors "
+        f"warning: balance.max_policy_lag={cfg.balance.bound_at_start} is too tight for {per_learner} actors "
         f"per learner: "
-        f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.max_policy_lag, vpf)} fragment(s) in flight "
+        f"lag-aware credits keep {lag_aware_in_flight(cfg.balance.bound_at_start, vpf)} fragment(s) in flight "
         f"({vpf:.2g} versions each), so actors wait for fresh weights (nothing is dropped); "
         f"a bound of {math.ceil(needed)} keeps them all busy"
     )

@@ -74,6 +74,7 @@ class Monitor:
         self.eval_length = float("nan")
         self.eval_version = -1
         self.replay_ratio = float("nan")
+        self.lag_bound = self.inflight = float("nan")  # learner 0's, as it last said
         self.train_stats: dict[str, float] = {}
         self._window_lags: list[int] = []
         self._last_row_time = time.time()
@@ -136,6 +137,9 @@ class Monitor:
         for key in LEARNER_COUNTERS:
             self.totals[LEARNER_TOTALS.get(key, key)] += _number(e, key)
         self.replay_ratio = float(e.get("replay_ratio", self.replay_ratio))
+        if rank == 0:
+            self.lag_bound = _number(e, "lag_bound", self.lag_bound)
+            self.inflight = _number(e, "inflight", self.inflight)
         lags = [int(x) for x in e.get("lags", [])]
         self.lag_hist.update(lags)
         self._window_lags.extend(lags)
@@ -222,6 +226,8 @@ class Monitor:
             "balance/lag_max": max(lags) if lags else float("nan"),
             "balance/fragments_dropped": self.totals["dropped"],
             "balance/replay_ratio": self.replay_ratio,
+            "balance/lag_bound": self.lag_bound,
+            "balance/inflight": self.inflight,
             "balance/insert_blocked": d.get("insert_blocked_s", 0) / dt,
             "balance/sample_blocked": d.get("sample_blocked_s", 0) / dt,
             "eval/return_mean": self.eval_return if self.eval_return is not None else float("nan"),
@@ -346,10 +352,10 @@ class Monitor:
             log.warning("metrics files not closed cleanly: %s", describe_os_error(exc))
 
 
-def _number(event: Mapping[str, object], key: str) -> float:
-    """A counter of an event (checked_event made sure every counter is a number)."""
-    value = event.get(key, 0)
-    return float(value) if isinstance(value, (int, float)) else 0.0
+def _number(event: Mapping[str, object], key: str, default: float = 0.0) -> float:
+    """A counter of an event (checked_event made sure every counter is a number); `default` when absent."""
+    value = event.get(key, default)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def _or_nan(value: float | None) -> float:

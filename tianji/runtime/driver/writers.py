@@ -107,7 +107,8 @@ class ConsoleLine:
             + _win_rates(row)
             + f"ep {int(row['env/episodes']):>6} | v{int(row['balance/policy_version'])} "
             f"upd {row['perf/updates_per_s']:5.1f}/s{_per_learner_updates(row)} | lag {_fmt(row['balance/lag_min'])}/"
-            f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])} drop {int(row['balance/fragments_dropped'])} | "
+            f"{_fmt(lag, 1)}/{_fmt(row['balance/lag_max'])}{_bound(row)} "
+            f"drop {int(row['balance/fragments_dropped'])} | "
             f"busy A {row['perf/actor_busy']:4.0%} L {row['perf/learner_busy']:4.0%}"
         )
         if row["balance/replay_ratio"] == row["balance/replay_ratio"] and self.show_ratio:
@@ -154,6 +155,14 @@ def _win_rates(row: dict[str, float]) -> str:
     return (f"win {train:4.0%} " if train == train else "") + (
         f"eval win {evaluated:4.0%} " if evaluated == evaluated else ""
     )
+
+
+def _bound(row: dict[str, float]) -> str:
+    """' of 4 (2 cr)': the lag bound and the credits per actor now, where the learner said them."""
+    bound, inflight = row.get("balance/lag_bound", float("nan")), row.get("balance/inflight", float("nan"))
+    if bound != bound:
+        return ""
+    return f" of {bound:.0f}" + (f" ({inflight:.0f} cr)" if inflight == inflight else "")
 
 
 def _fmt(x: float, digits: int = 0) -> str:

@@ -44,7 +44,7 @@ def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
     obs_space, act_space = env_spaces(cfg.env)
     limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
     algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space, device=cfg.learner.device)
-    learner = Learner(algo, cfg.balance.max_policy_lag, limiter, cfg.balance.backpressure)
+    learner = Learner(algo, cfg.balance.bound_at_start, limiter, cfg.balance.backpressure)
     if state is not None:
         learner.load_state_dict(state)
     return learner

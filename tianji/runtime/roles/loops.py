@@ -146,7 +146,7 @@ def actor_loop(
     `same_machine`: the learner can map this actor's shared memory; else arrays travel as frames."""
     cfg = run.cfg
     name = f"actor{actor_id}"
-    slots_count = cfg.balance.max_inflight
+    slots_count = cfg.balance.slots_per_actor
     learner = LearnerLink(
         ctx,
         endpoints,

@@ -39,9 +39,10 @@ class ActorReporter:
 
 
 class LearnerReporter:
-    def __init__(self, learner: Learner, rank: int = 0, credits: CreditLedger | None = None):
+    def __init__(self, learner: Learner, rank: int = 0, credits: CreditLedger | None = None, slots: int = 0):
         self.learner = learner
         self.credits = credits
+        self.slots = slots  # each actor's, when no cap is below them
         self.rank = rank
         self.wait_s = 0.0
         self.bad_messages = 0
@@ -83,4 +84,11 @@ class LearnerReporter:
             dict(lr.last_stats),
             lr.limiter.ratio(),
             self._deltas(self._counts()),
+            lr.lag.max_policy_lag,
+            self._inflight(),
         )
+
+    def _inflight(self) -> float:
+        if self.credits is None:
+            return float("nan")
+        return float(self.slots if self.credits.inflight_cap is None else self.credits.inflight_cap)

@@ -15,6 +15,7 @@ credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and che
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -23,7 +24,7 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from tianji.config import Config
-from tianji.runtime.balance import CreditLedger
+from tianji.runtime.balance import CreditLedger, LagController, LagDecision, LagWindow
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 from tianji.runtime.roles.reporters import LearnerReporter
@@ -31,6 +32,9 @@ from tianji.runtime.shared.protocol import FragmentNotice, Hello
 from tianji.runtime.transport.wire import WireError
 
 EVENT_INTERVAL_S = 0.1
+LAG_WINDOW_S = 2.0  # the lag controller's window (balance.max_policy_lag: auto); it decides on 3 of them
+
+log = logging.getLogger(__name__)
 
 
 PeerT = TypeVar("PeerT", bound=Hashable)  # how the transport names a sender: a ZeroMQ identity, an actor id
@@ -47,10 +51,13 @@ class LearnerService(Generic[PeerT]):
         self.learner = learner
         self.epoch = epoch
         self.publish_every = cfg.balance.publish_every
-        self.default_slots = cfg.balance.max_inflight
+        self.default_slots = cfg.balance.slots_per_actor
         self.checkpoint_interval_s = cfg.checkpoint.interval_s
-        self.credits = CreditLedger(cfg.balance.max_policy_lag, lag_aware=cfg.balance.backpressure)
-        self.reporter = LearnerReporter(learner, rank, self.credits)
+        bound = cfg.balance.bound_at_start
+        self.lag_control = LagController(bound, max_inflight=self.default_slots) if cfg.balance.lag_is_auto else None
+        cap = None if self.lag_control is None else self.lag_control.inflight
+        self.credits = CreditLedger(bound, lag_aware=cfg.balance.backpressure, inflight_cap=cap)
+        self.reporter = LearnerReporter(learner, rank, self.credits, self.default_slots)
         # Without back-pressure fragments wait in a backlog, so they must be copied out of their slot;
         # with it, a slot goes back to its actor once the algorithm has copied what it keeps (replay)
         # or once the update that trains on it returns (on-policy: the algorithm holds fragments).
@@ -63,7 +70,9 @@ class LearnerService(Generic[PeerT]):
         self._delayed: deque[Any] = deque(maxlen=cfg.balance.publish_delay + 1)
         self._delay_draws = np.random.default_rng(cfg.seed) if cfg.balance.publish_delay_varies else None
         self.clock = clock
-        self._last_event = self._last_checkpoint = clock()
+        self._last_event = self._last_checkpoint = self._window_start = clock()
+        self._window_wait_s = 0.0  # the reporter's wait_s when the lag controller's window began
+        self._window_ess: list[float] = []
         self._checkpointed_version = learner.version  # a resumed learner's is on disk already
 
     # ------------------------------------------------------------ messages in
@@ -120,6 +129,8 @@ class LearnerService(Generic[PeerT]):
             self.learner.poll_sync()
             return None
         self.learner.update()
+        if self.lag_control is not None:
+            self._control_lag(self.lag_control)
         for peer, slot in self._trained_in_slot:
             self.credits.release(peer, slot)
         self._trained_in_slot.clear()
@@ -130,6 +141,27 @@ class LearnerService(Generic[PeerT]):
         pick = 0 if self._delay_draws is None else int(self._delay_draws.integers(len(self._delayed)))
         self.published, self.published_weights = self.learner.version, self._delayed[pick]
         return self.published, self.published_weights
+
+    def _control_lag(self, control: LagController) -> None:
+        """Feed the controller a window (the learner's share of time waiting, the updates' mean effective
+        sample size) every LAG_WINDOW_S; apply its decision to the bound and the credits."""
+        ess = self.learner.last_stats.get("rho_ess")
+        if ess is not None:
+            self._window_ess.append(float(ess))
+        now = self.clock()
+        if now - self._window_start < LAG_WINDOW_S:
+            return
+        waited = (self.reporter.wait_s - self._window_wait_s) / (now - self._window_start)
+        ess_mean = sum(self._window_ess) / len(self._window_ess) if self._window_ess else float("nan")
+        self._window_start, self._window_wait_s, self._window_ess = now, self.reporter.wait_s, []
+        decision = control.observe(LagWindow(min(waited, 1.0), ess_mean))
+        if decision is not None:
+            self.apply_lag(decision)
+
+    def apply_lag(self, decision: LagDecision) -> None:
+        self.credits.max_policy_lag = self.learner.lag.max_policy_lag = decision.bound
+        self.credits.inflight_cap = decision.inflight
+        log.info("lag bound %d, %d credit(s) per actor: %s", decision.bound, decision.inflight, decision.reason)
 
     def grants(self) -> list[tuple[PeerT, int, int]]:
         """Credits to send now: (peer, slot, min_version)."""

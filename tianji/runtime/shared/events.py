@@ -65,6 +65,8 @@ class LearnerEvent(LearnerCounters):
     dropped_lags: list[int]
     stats: dict[str, float]  # the algorithm's train/ metrics of its last update
     replay_ratio: float
+    lag_bound: float  # the lag bound now (it moves under balance.max_policy_lag: auto)
+    inflight: float  # the credits an actor may hold now
 
 
 class EvalEvent(TypedDict, total=False):
@@ -117,6 +119,8 @@ def learner_event(
     stats: dict[str, float],
     replay_ratio: float,
     counts: dict[str, float],
+    lag_bound: float = float("nan"),
+    inflight: float = float("nan"),
 ) -> LearnerEvent:
     event = {
         "kind": "learner",
@@ -127,6 +131,8 @@ def learner_event(
         "dropped_lags": dropped_lags,
         "stats": stats,
         "replay_ratio": replay_ratio,
+        "lag_bound": lag_bound,
+        "inflight": inflight,
     }
     return cast(LearnerEvent, {**event, **{key: counts[key] for key in LEARNER_COUNTERS}})
 
