@@ -362,8 +362,23 @@ def test_the_plan_command_prints_the_table_the_choice_and_the_cluster_what_if(mo
     assert cli.main(["plan", "cartpole-ppo", "--cores", "8", "--nodes", "4"]) == 0
     assert "learner group of two" in capsys.readouterr().out
     assert calls == [False, True]
+    assert cli.main(["plan", "cartpole-ppo", "--cores", "8", "--set", "balance.max_policy_lag=auto"]) == 0
+    assert "auto settles near" in capsys.readouterr().out
     for bad in (["--nodes", "0"], ["--nodes", "2", "--link-gbit", "0"]):
         assert cli.main(["plan", "cartpole-ppo", *bad]) == 2
         assert "--link-latency-us: zero or more" in capsys.readouterr().err
     assert cli.main(["plan", "cartpole-ppo", "--gpu-learner-rate", "1e6"]) == 2
     assert "only with --nodes N or --cluster" in capsys.readouterr().err
+
+
+def test_under_an_auto_bound_the_plan_starts_the_controller_where_it_would_settle(tmp_path, monkeypatch, tiny_config):
+    monkeypatch.setenv("TIANJI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(plan, "_calibrate_in_child", lambda cfg, space: synthetic({2: 4000.0, 4: 8000.0}, 3000.0))
+    raw = tiny_config().model_dump(mode="json")
+    raw["topology"]["actors"] = "auto"
+    raw["balance"]["max_policy_lag"] = "auto"
+    planned, record = plan.resolve_layout(load_config("cartpole-ppo", []).model_validate(raw), cores=4)
+    chosen = plan.Layout(**record["chosen"])
+    assert planned.balance.lag_is_auto and planned.balance.lag_start == record["lag_start"]
+    assert record["lag_start"] == plan.settled_bound(synthetic({2: 4000.0, 4: 8000.0}, 3000.0), chosen) >= 1
+    assert not chosen.held_back  # the controller may raise the bound to what the layout needs

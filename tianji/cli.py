@@ -251,6 +251,7 @@ def _plan(args: argparse.Namespace) -> int:
         layout_space,
         mark,
         predict,
+        settled_bound,
     )
 
     cfg = load_config(args.config, args.overrides)
@@ -289,6 +290,9 @@ def _plan(args: argparse.Namespace) -> int:
         f"--set topology.envs_per_actor={chosen.envs_per_actor} --set topology.fragment_length={chosen.fragment_length}"
         "   (or topology.learners/actors: auto in the config)"
     )
+    if cfg.balance.lag_is_auto:
+        settled = settled_bound(cal, chosen)
+        print(f"balance.max_policy_lag: auto settles near {settled} on it: --set balance.lag_start={settled}")
     return 0
 
 

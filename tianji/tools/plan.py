@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from tianji.config import Config, build_config
-from tianji.runtime.balance import lag_aware_in_flight
+from tianji.runtime.balance import LagController, lag_aware_in_flight
 from tianji.runtime.process.life import die_with_parent
 from tianji.tools.calibration import (
     Calibration,
@@ -191,7 +191,8 @@ def predict(
     `cal` with the link's costs); `others_in_group`: instead, the group has this many learners on
     other machines whatever the layout here (a cluster of unlike nodes)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
-    bound = cfg.balance.bound_at_start
+    # under auto the controller raises the bound while the learner waits, up to its ceiling
+    bound = LagController.high if cfg.balance.lag_is_auto else cfg.balance.bound_at_start
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
     layouts = []
     for k in space.envs:
@@ -389,6 +390,15 @@ def bound_needed(actors: int, learner_bound: bool, versions_per_fragment: float)
     return 2 * versions_per_fragment * (actors + (1 if learner_bound else 0) - 1)
 
 
+def settled_bound(cal: Calibration, layout: Layout) -> int:
+    """Where `balance.max_policy_lag: auto` ends up on `layout` while stale data teach: the smallest bound
+    that keeps its actors producing, above which the learner no longer waits (`bound_needed`)."""
+    vpf = cal.fragment_steps / cal.steps_per_update
+    per_learner = math.ceil(layout.actors / layout.learners)
+    needed = bound_needed(per_learner, layout.learner_utilization >= layout.actor_utilization, vpf)
+    return min(max(math.ceil(needed), LagController.low), LagController.high)
+
+
 def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None) -> Layout:
     """Highest predicted throughput; near-ties (within TIE) are broken, in order, by
     - slack: the idle side keeps HEADROOM (calibration is noisy: a side predicted at 90 % may be
@@ -556,7 +566,13 @@ def resolve_layout(cfg: Config, cores: int | None = None) -> tuple[Config, dict[
         "chosen": asdict(chosen),
         "warning": lag_warning(cal, cfg, chosen),
     }
-    return with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps, chosen.learners), record
+    planned = with_layout(cfg, chosen.actors, chosen.envs_per_actor, space.fragment_steps, chosen.learners)
+    if cfg.balance.lag_is_auto:  # start the controller where it would end up on this layout
+        record["lag_start"] = settled_bound(cal, chosen)
+        planned = planned.model_copy(
+            update={"balance": planned.balance.model_copy(update={"lag_start": record["lag_start"]})}
+        )
+    return planned, record
 
 
 def format_table(cal: Calibration, layouts: list[Layout], cores: int) -> str:
