@@ -105,6 +105,8 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
         time.sleep(1.0)
         children = child_pids(process.pid)
         assert len(children) >= 2, "learner and actor processes should be running"
+        roles = json.loads((run_dir / "roles.json").read_text())
+        priorities = {role: os.getpriority(os.PRIO_PROCESS, pid) for role, pid in roles.items()}
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         output, _ = process.communicate(timeout=60)
     finally:
@@ -112,6 +114,9 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
             process.kill()
     assert process.returncode == 0, output
     assert not [p for p in children if alive(p)], "every child process must end"
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert priorities.pop("learner0") == mine
+    assert priorities and set(priorities.values()) == {min(mine + 10, 19)}, "actors yield to the learner"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted"
     assert (newest_set(run_dir) / "learner.pt").exists()

@@ -97,6 +97,7 @@ def role_process(spec: dict[str, Any]) -> None:
             endpoints,
             lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
             driver_pid=parent,
+            nice=topology.actor_nice,
         )
     else:
         actor_id = int(name[len("actor") :])
@@ -109,6 +110,7 @@ def role_process(spec: dict[str, Any]) -> None:
                 run, endpoints, token, actor_id, ctx, events, driver, same_machine=spec["same_machine"]
             ),
             driver_pid=parent,
+            nice=topology.actor_nice,
         )
 
 

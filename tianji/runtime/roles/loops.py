@@ -73,13 +73,15 @@ def run_role(
     driver_pid: int | None = None,
     ctx: zmq.Context[Any] | None = None,
     own_process: bool = True,
+    nice: int = 0,
 ) -> None:
-    """Body of every role: signals (when it owns its process), threads, the driver link, the loop,
-    a crash report to the driver."""
+    """Body of every role: signals and priority (when it owns its process), threads, the driver link,
+    the loop, a crash report to the driver."""
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; roles stop by message
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         die_with_parent(driver_pid)
+        os.nice(nice)  # actors yield the cores to the learner they all wait for (topology.actor_nice)
     torch.set_num_threads(threads)
     ctx = ctx or zmq.Context()
     events = socket(ctx, zmq.PUSH, endpoints.events, keys=endpoints.keys)
@@ -129,6 +131,7 @@ def actor_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid: in
         endpoints,
         lambda ctx, events, driver: actor_loop(run, endpoints, token, actor_id, ctx, events, driver),
         driver_pid=driver_pid,
+        nice=run.cfg.topology.actor_nice,
     )
 
 
@@ -233,6 +236,7 @@ def evaluator_main(run: RunContext, endpoints: Endpoints, token: str, driver_pid
         endpoints,
         lambda ctx, events, driver: evaluator_loop(run, endpoints, ctx, events, driver),
         driver_pid=driver_pid,
+        nice=run.cfg.topology.actor_nice,
     )
 
 
