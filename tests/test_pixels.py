@@ -31,6 +31,20 @@ def test_nature_cnn_takes_frames_first_or_last_and_gives_512_features():
         choose_model(gym.spaces.Box(-1, 1, (4,)), "cnn")
 
 
+@pytest.mark.parametrize("size", [42, 40])  # 40: padded at the bottom and right
+def test_frames_become_scaled_floats_in_the_convolutions_layout_and_float_input_is_left_alone(size):
+    frames = torch.randint(0, 256, (3, 4, size, size), dtype=torch.uint8)
+    cnn = NatureCNN(gym.spaces.Box(0, 255, (4, size, size), np.uint8), convs=((16, 4, 2), (32, 4, 2), (32, 3, 1)))
+    x = cnn._frames(frames)
+    reference = torch.nn.functional.pad(frames.float() / 255, cnn.padding)
+    assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(x, reference, atol=1e-7)
+    floats = torch.rand(3, 4, size, size).contiguous(memory_format=torch.channels_last)
+    before = floats.clone()
+    NatureCNN(gym.spaces.Box(0.0, 1.0, (4, size, size), np.float32))._frames(floats).mul_(2)
+    assert torch.equal(floats, before), "the caller's observations are not scaled in place"
+
+
 def catch_config(**algo):
     return load_config("catch-impala", [f"algo.{k}={v}" for k, v in algo.items()])
 

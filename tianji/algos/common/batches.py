@@ -62,7 +62,8 @@ def minibatch_steps(
     for _ in range(cfg.epochs):
         order = torch.randperm(n, device=next(iter(samples.values())).device)
         for start in range(0, n - size + 1, size):
-            loss, stats = loss_of({key: value[order[start : start + size]] for key, value in samples.items()})
+            rows = order[start : start + size]
+            loss, stats = loss_of({key: value.index_select(0, rows) for key, value in samples.items()})
             stats.update(step(loss, sync, env_steps))
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)

@@ -120,9 +120,11 @@ class NatureCNN(nn.Module):
 
     def _frames(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2) if self.channels_last else obs
-        x = x.float() * self.scale
         x = nn.functional.pad(x, self.padding) if any(self.padding) else x
-        return x.contiguous(memory_format=torch.channels_last)
+        # the layout changes while the frames are bytes (a quarter of the floats' memory traffic), and the
+        # scale goes into the new float copy in place
+        x = x.contiguous(memory_format=torch.channels_last)
+        return x.float().mul_(self.scale) if x.dtype != torch.float32 else x * self.scale
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(self._frames(obs)))
