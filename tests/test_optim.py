@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from tianji.algos.common.optim import Adam, GradientStep, LinearDecay, RMSprop, lr_schedule, make_optimizer
+from tianji.algos.common.optim import Adam, GradientStep, KLAdaptive, LinearDecay, RMSprop, lr_schedule, make_optimizer
 from tianji.algos.common.settings import OptimizerConfig
+from tianji.config import ConfigError, load_config
+from tianji.runtime.roles.build import build_actor, build_learner
 
 
 def make_net(seed: int) -> torch.nn.Module:
@@ -203,3 +205,32 @@ def test_gradient_step_clips_schedules_and_reports():
     clipped = torch.sqrt(sum(p.grad.pow(2).sum() for p in net.parameters()))
     assert float(clipped) == pytest.approx(0.1, rel=1e-4)
     assert CountingSync.calls == 1
+
+
+def test_kl_schedule_raises_the_rate_while_the_policy_barely_moves_and_lowers_it_when_it_moves_too_far():
+    schedule = KLAdaptive(target=0.01)
+    assert schedule.next_lr(1e-3, kl=0.001) == pytest.approx(1.5e-3)  # under half the target
+    assert schedule.next_lr(1e-3, kl=0.03) == pytest.approx(1e-3 / 1.5)  # over twice the target
+    assert schedule.next_lr(1e-3, kl=0.01) == 1e-3
+    assert schedule.next_lr(9e-3, kl=0.0) == 1e-2 and schedule.next_lr(1.2e-6, kl=1.0) == 1e-6  # bounded
+
+
+def test_kl_schedule_moves_the_learners_rate_step_by_step_and_a_checkpoint_keeps_it():
+    cfg = load_config("cartpole-ppo", ["algo.lr_schedule=kl", "algo.kl_target=0.5", "algo.lr=0.001"])
+    actor = build_actor(cfg, 0)
+    learner = build_learner(cfg)
+    while not learner.ready():
+        learner.consume(actor.collect())
+    stats = learner.update()
+    steps = cfg.algo.epochs * cfg.algo.minibatches
+    assert learner.algo.optimizer.lr == pytest.approx(min(0.001 * 1.5**steps, 1e-2))  # KL far below 0.25
+    assert stats["lr"] < learner.algo.optimizer.lr  # the logged rate: the mean of those the steps used
+    resumed = build_learner(cfg, learner.state_dict())
+    assert resumed.algo.optimizer.lr == learner.algo.optimizer.lr
+
+
+def test_kl_schedule_is_refused_where_there_is_no_policy_kl_or_a_learner_group_would_drift_apart():
+    with pytest.raises(ConfigError, match="algo.lr_schedule 'kl' steers by the policy's KL, which dqn does not have"):
+        load_config("cartpole-dqn", ["algo.lr_schedule=kl"])
+    with pytest.raises(ConfigError, match="group of 2 learners apart"):
+        load_config("cartpole-ppo", ["algo.lr_schedule=kl", "topology.learners=2", "topology.actors=2"])

@@ -342,6 +342,11 @@ class Config(Section):
                 f"topology.learners is {t.learners} but there are {t.actors} actors; every learner "
                 "needs at least one actor of its own"
             )
+        if self.algo.lr_schedule == "kl" and isinstance(t.learners, int) and t.learners > 1:
+            raise ValueError(
+                "algo.lr_schedule 'kl' adapts each learner's rate to its own batches, which would pull a "
+                f"group of {t.learners} learners apart; use topology.learners 1 or a 'linear' schedule"
+            )
         return self
 
 

@@ -8,7 +8,7 @@ against hand-computed references. `DQNPolicy` runs in actors, `DQNLearner` in th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +38,7 @@ class DQNConfig(TrainedConfig):
     name: Literal["dqn"] = Field(
         "dqn", description="Algorithm: DQN family with Ape-X style prioritized replay (off-policy)."
     )
+    measures_kl: ClassVar[bool] = False
     lr: float = Field(1e-3, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     n_step: int = Field(3, ge=1, description="Steps in the n-step return (built actor-side).")

@@ -134,6 +134,7 @@ class IMPALALearner(OnPolicyLearner[PolicyValueNet]):
         )
         stats.update(self.step(loss, self.sync, self.env_steps))
         stats["approx_kl"] = self._movement(b, logp.detach(), valid)
+        self.step.observe(stats)
         return {**{key: float(value) for key, value in stats.items()}, **diagnostics, **trunk_health(self.net)}
 
     @torch.no_grad()

@@ -325,6 +325,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
             bounds,
         )
         stats.update(self.step(loss, self.sync, self.env_steps))
+        self.step.observe(stats)
         return stats
 
 

@@ -13,7 +13,7 @@ against references.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -36,6 +36,7 @@ class QMIXConfig(TrainedConfig):
         description="Algorithm: QMIX, value decomposition for cooperative "
         "multi-agent envs (recurrent agents, monotonic mixer; off-policy).",
     )
+    measures_kl: ClassVar[bool] = False
     lr: float = Field(5e-4, gt=0, description="Learning rate (the start of a schedule).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     td_lambda: float = Field(0.6, ge=0, le=1, description="TD(lambda) of the targets (0: one-step targets).")

@@ -65,6 +65,7 @@ def minibatch_steps(
             rows = order[start : start + size]
             loss, stats = loss_of({key: value.index_select(0, rows) for key, value in samples.items()})
             stats.update(step(loss, sync, env_steps))
+            step.observe(stats)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
             steps += 1

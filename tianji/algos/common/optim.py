@@ -51,7 +51,8 @@ class _Foreach:
         return [t for name in self.state_names for t in self.state[name]]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, **{name: [t.clone() for t in self.state[name]] for name in self.state_names}}
+        moments = {name: [t.clone() for t in self.state[name]] for name in self.state_names}
+        return {"steps": self.steps, "lr": self.lr, **moments}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self.state_names:
@@ -62,6 +63,7 @@ class _Foreach:
                     f"(a checkpoint of another optimizer?)"
                 )
         self.steps = int(state["steps"])
+        self.lr = float(state.get("lr", self.lr))  # where an adaptive schedule had taken it (absent before)
         with torch.no_grad():
             for name in self.state_names:
                 for mine, saved in zip(self.state[name], state[name], strict=True):
@@ -220,9 +222,24 @@ class LinearDecay:
         return max(0.0, 1.0 - env_steps / self.horizon)
 
 
+class KLAdaptive:
+    """rl_games' adaptive learning rate: after each gradient step, up by `factor` when the policy's KL
+    from the update's start is under half the target, down by it when over twice the target."""
+
+    def __init__(self, target: float, factor: float = 1.5, low: float = 1e-6, high: float = 1e-2):
+        self.target, self.factor, self.low, self.high = target, factor, low, high
+
+    def next_lr(self, lr: float, kl: float) -> float:
+        if kl > 2 * self.target:
+            return max(lr / self.factor, self.low)
+        if kl < self.target / 2:
+            return min(lr * self.factor, self.high)
+        return lr
+
+
 def lr_schedule(schedule: str, horizon: int | None) -> LinearDecay | None:
-    """None for a constant learning rate."""
-    if schedule == "constant":
+    """None for a constant learning rate (and for kl, which `KLAdaptive` steers step by step)."""
+    if schedule in ("constant", "kl"):
         return None
     if horizon is None:
         raise ValueError("algo.lr_schedule 'linear' needs algo.lr_horizon or stop.max_env_steps")
@@ -240,6 +257,8 @@ class TrainedSettings(Protocol):  # tianji.algos.common.settings.TrainedConfig, 
     def lr_schedule(self) -> str: ...
     @property
     def lr_horizon(self) -> int | None: ...
+    @property
+    def kl_target(self) -> float: ...
 
 
 Stats = dict[str, "torch.Tensor | float"]  # one gradient step's numbers (tensors: no device sync until logged)
@@ -263,22 +282,37 @@ NO_HOOK = _NoHook()
 class GradientStep:
     """One optimizer step of a loss: zero the gradients, backward, the learner group's gradient sync,
     clip the global norm, set the scheduled learning rate, step. Returns grad_norm (before clipping)
-    and the learning rate used."""
+    and the learning rate used. With `adaptive`, `observe` moves the rate after each step instead."""
 
-    def __init__(self, optimizer: Optimizer, max_grad_norm: float, schedule: LinearDecay | None = None):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_grad_norm: float,
+        schedule: LinearDecay | None = None,
+        adaptive: KLAdaptive | None = None,
+    ):
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.schedule = schedule
+        self.adaptive = adaptive
         self.base_lr = optimizer.lr
 
     @classmethod
     def from_config(cls, params: Iterable[torch.Tensor], cfg: TrainedSettings) -> GradientStep:
         """The optimizer, clip and schedule an algorithm's config (`TrainedConfig` fields) asks for."""
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr)
-        return cls(optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon))
+        adaptive = KLAdaptive(cfg.kl_target) if cfg.lr_schedule == "kl" else None
+        return cls(optimizer, cfg.max_grad_norm, lr_schedule(cfg.lr_schedule, cfg.lr_horizon), adaptive)
 
     def lr(self, env_steps: int) -> float:
+        if self.adaptive is not None:
+            return self.optimizer.lr  # where `observe` left it (saved with the optimizer's state)
         return self.base_lr * (self.schedule(env_steps) if self.schedule is not None else 1.0)
+
+    def observe(self, stats: Stats) -> None:
+        """After a step: an adaptive schedule reads the policy's KL from the update's start."""
+        if self.adaptive is not None:
+            self.optimizer.lr = self.adaptive.next_lr(self.optimizer.lr, float(stats["approx_kl"]))
 
     def __call__(self, loss: torch.Tensor, sync: GradientHook, env_steps: int = 0) -> Stats:
         self.optimizer.zero_grad()

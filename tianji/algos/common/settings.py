@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tianji.sections import Section
 
@@ -43,14 +43,31 @@ class TrainedConfig(Section):
     name: str
     lr: float
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
-    lr_schedule: Literal["constant", "linear"] = Field(
+    lr_schedule: Literal["constant", "linear", "kl"] = Field(
         "constant",
-        description="constant, or linear: the learning rate falls linearly to zero over algo.lr_horizon "
-        "env steps (consumed by the learners).",
+        description="constant; linear: the learning rate falls linearly to zero over algo.lr_horizon "
+        "env steps (consumed by the learners); kl: algo.lr is where it starts, and after every gradient "
+        "step it is multiplied by 1.5 when the policy's KL from the update's start is under half of "
+        "algo.kl_target, divided by 1.5 when over twice it (rl_games' adaptive schedule), within "
+        "[1e-6, 1e-2]. kl: policy-gradient algorithms only.",
     )
     lr_horizon: int | None = Field(
         None, ge=1, description="Env steps over which a linear schedule reaches zero (null: stop.max_env_steps)."
     )
+    kl_target: float = Field(
+        0.01, gt=0, description="algo.lr_schedule kl: the KL per update the learning rate is steered to."
+    )
+
+    measures_kl: ClassVar[bool] = True  # reports approx_kl every gradient step (the kl schedule's input)
+
+    @model_validator(mode="after")
+    def _kl_schedule_needs_kl(self) -> TrainedConfig:
+        if self.lr_schedule == "kl" and not self.measures_kl:
+            raise ValueError(
+                f"algo.lr_schedule 'kl' steers by the policy's KL, which {self.name} does not have; "
+                "use 'constant' or 'linear'"
+            )
+        return self
 
 
 def adam_eps(eps: float) -> Any:
