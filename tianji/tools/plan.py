@@ -116,7 +116,7 @@ def group_learner_rate(
     return cal.steps_per_update / (update_s + cal.optimizer_steps_per_update * per_step)
 
 
-def core_share(others: list[tuple[int, float]], cores: int) -> tuple[float, float]:
+def core_share(others: list[tuple[int, float]], cores: float) -> tuple[float, float]:
     """A process's speed while it runs (the fraction of a core it gets, expected over how many of the
     others want a core at the same moment: a process that competes with k others gets cores / (k + 1))
     and the probability that the others take every core when it wakes. `others`: (processes, busy
@@ -147,13 +147,23 @@ def _others_wanting(others: list[tuple[int, float]]) -> np.ndarray:
 
 
 def shared_throughput(
-    cal: Calibration, actor_rate: float, actors: int, producing: float, learners: int, group: int, mode: str, cores: int
+    cal: Calibration,
+    actor_rate: float,
+    actors: int,
+    producing: float,
+    learners: int,
+    group: int,
+    mode: str,
+    cores: int,
+    learners_first: bool = False,
 ) -> tuple[float, float]:
     """Env steps/s of `actors` actors and `learners` learners sharing `cores` cores (the learners are
     part of a group of `group`), and the learners' consumption rate with every one on a core of its
     own (for utilisation). Starts from the plain bounds (actors, learners, CPU) and lets the processes'
     busy fractions, their shares of the cores (`core_share`; under allreduce each step lasts as long as
-    the slowest learner's, `slowest_step`) and the cores' speed (`efficiency_at`) settle."""
+    the slowest learner's, `slowest_step`) and the cores' speed (`efficiency_at`) settle. `learners_first`
+    (niced actors, topology.actor_nice): the learners share the cores only with each other, and the
+    actors share what the learners leave."""
     alone = group_learner_rate(cal, group, mode)
     cpu_bound = cores / (1.0 / actor_rate + 1.0 / alone)
     x = min(producing * actor_rate, learners * alone, cpu_bound)
@@ -163,9 +173,15 @@ def shared_throughput(
     for _ in range(20):  # damped fixed point: busy fractions -> shares and speed -> throughput -> busy fractions
         actor_speed, learner_speed, step_speed, taken = 1.0, 1.0, 1.0, 0.0
         if crowded:
-            actor_speed, _ = core_share([(actors - 1, actor_busy), (learners, learner_busy)], cores)
-            others = [(actors, actor_busy), (learners - 1, learner_busy)]
-            learner_speed, taken = core_share(others, cores)
+            if learners_first:
+                others = [(learners - 1, learner_busy)]
+                learner_speed, taken = core_share(others, cores)
+                left = max(cores - learners * learner_busy * learner_speed, 1e-3)
+                actor_speed, _ = core_share([(actors - 1, actor_busy)], left)
+            else:
+                actor_speed, _ = core_share([(actors - 1, actor_busy), (learners, learner_busy)], cores)
+                others = [(actors, actor_busy), (learners - 1, learner_busy)]
+                learner_speed, taken = core_share(others, cores)
             step_speed = learner_speed if group == 1 or mode != "allreduce" else 1 / slowest_step(others, cores, group)
         in_use = min(cores, actors * actor_busy * actor_speed + learners * learner_busy * learner_speed)
         speed = efficiency_at(cal.core_efficiency, in_use, cores)
@@ -202,7 +218,9 @@ def predict(
                 per_learner = math.ceil(a / learners)
                 producing = min(a, learners * limit)  # lag-aware credits: at most `limit` in flight per learner
                 group = learners * replicas if others_in_group is None else learners + others_in_group
-                x, learner_rate = shared_throughput(cal, rate, a, producing, learners, group, cfg.sync.mode, cores)
+                x, learner_rate = shared_throughput(
+                    cal, rate, a, producing, learners, group, cfg.sync.mode, cores, cfg.topology.actor_nice > 0
+                )
                 actor_util, learner_util = x / (a * rate), x / (learners * learner_rate)
                 actors_wait = actor_util < learner_util
                 lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
