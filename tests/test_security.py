@@ -5,7 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket as pysocket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +139,65 @@ def test_tcp_sockets_refuse_to_run_without_keys():
             socket(ctx, zmq.PULL, free_tcp(), bind=True)
     finally:
         ctx.destroy(linger=0)
+
+
+def listening_tcp(pids: set[int]) -> list[str]:
+    """Every TCP socket in LISTEN state that one of `pids` holds, as 'address:port' (IPv4 and IPv6)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # ended meanwhile
+            continue
+        inodes |= {link[len("socket:[") : -1] for link in links if link.startswith("socket:[")}
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                address, port = local.split(":")
+                raw = bytes.fromhex(address)
+                words = b"".join(
+                    raw[i : i + 4][::-1] for i in range(0, len(raw), 4)
+                )  # each 32-bit word is little-endian
+                host = pysocket.inet_ntop(pysocket.AF_INET if width == 8 else pysocket.AF_INET6, words)
+                found.append(f"{host}:{int(port, 16)}")
+    return found
+
+
+def family(pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    below = {pid}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        below |= family(int(child))
+    return below
+
+
+def test_a_local_run_listens_on_loopback_or_ipc_only(tmp_path):
+    """Driver, learners (a group of two, with its torch.distributed store and gloo links), actors and the
+    evaluator: every TCP socket any of them listens on is bound to 127.0.0.1; the rest is IPC."""
+    run_dir = tmp_path / "run"
+    settings = [
+        "stop.target_return=null",
+        "stop.max_wall_time_s=60",
+        "topology.learners=2",
+        "topology.actors=2",
+        "eval.interval_s=1",
+        "logging.console=false",
+    ]
+    command = [sys.executable, "-m", "tianji", "train", "cartpole-ppo", "--run-dir", str(run_dir)]
+    process = subprocess.Popen([*command, *[a for s in settings for a in ("--set", s)]], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (run_dir / "metrics.csv").exists():
+            time.sleep(0.2)
+        time.sleep(2.0)  # the group's store and links are up once training has begun
+        processes = family(process.pid)
+        listening = listening_tcp(processes)
+    finally:
+        process.terminate()
+        process.wait(60)
+    assert len(processes) >= 6, "driver, two learners, two actors and the evaluator"
+    assert listening, "the learner group listens (its store and links): this test must see it"
+    assert all(a.startswith(("127.0.0.1:", "::ffff:127.0.0.1:")) for a in listening), listening

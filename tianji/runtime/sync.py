@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,22 +44,44 @@ class GroupStopping(Exception):
 class GroupSpec:
     rank: int
     world_size: int
-    host: str  # where rank 0's rendezvous store listens
+    host: str  # where rank 0's rendezvous store is reached
     port: int
     timeout_s: float = 60.0
     backend: str = "gloo"
+    listen_host: str | None = None  # the address rank 0's store binds (None: `host`; "0.0.0.0": every interface)
 
 
 def rendezvous_store(spec: GroupSpec) -> dist.TCPStore:
-    """Rank 0 listens (port 0: a free one, see `.port`); the others connect."""
+    """Rank 0 listens (port 0: a free one, see `.port`); the others connect. Rank 0's store listens on
+    `spec.host` only (torch's own would listen on every interface), through a socket bound here."""
+    listen_fd = _listening_socket(spec.listen_host or spec.host, spec.port) if spec.rank == 0 else None
     return dist.TCPStore(
         spec.host,
-        spec.port,
+        spec.port if listen_fd is None else _port_of(listen_fd),
         spec.world_size,
         is_master=spec.rank == 0,
         timeout=datetime.timedelta(seconds=spec.timeout_s),
         wait_for_workers=False,
+        master_listen_fd=listen_fd,
     )
+
+
+def _listening_socket(host: str, port: int) -> int:
+    """A TCP socket listening on host:port, as a file descriptor the store takes over."""
+    family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(address)
+    listener.listen(128)
+    return listener.detach()
+
+
+def _port_of(fd: int) -> int:
+    probe = socket.socket(fileno=os.dup(fd))
+    try:
+        return int(probe.getsockname()[1])
+    finally:
+        probe.close()
 
 
 def join_group(spec: GroupSpec, store: dist.TCPStore | None = None) -> None:

@@ -70,7 +70,14 @@ def role_process(spec: dict[str, Any]) -> None:
         group_spec = (
             None
             if group is None
-            else GroupSpec(rank, topology.learner_count, group["host"], group["port"], run.cfg.sync.timeout_s)
+            else GroupSpec(
+                rank,
+                topology.learner_count,
+                group["host"],
+                group["port"],
+                run.cfg.sync.timeout_s,
+                listen_host=ANY_INTERFACE if run.cfg.ray.bind_all_interfaces else None,
+            )
         )
         restore = _read_once(spec.get("attachment"))
         listen = replace(endpoints, fragments=spec["listen"]["fragments"], weights=spec["listen"]["weights"])
