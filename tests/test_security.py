@@ -15,11 +15,12 @@ import pytest
 import zmq
 
 from tianji.config import SupervisionConfig
+from tianji.runtime.driver.control import ControlChannel
 from tianji.runtime.roles.loops import bind_learner, learner_loop, run_role
 from tianji.runtime.shared.checkpoint import FileStore
 from tianji.runtime.shared.context import RunContext
-from tianji.runtime.transport.security import CurveKeys, join
-from tianji.runtime.transport.sockets import Endpoints, socket
+from tianji.runtime.transport.security import CurveKeys, Gatekeeper, join
+from tianji.runtime.transport.sockets import Endpoints, bound_endpoint, socket
 from tianji.runtime.transport.wire import decode, encode, pack_header, unpack_header
 
 
@@ -201,3 +202,68 @@ def test_a_local_run_listens_on_loopback_or_ipc_only(tmp_path):
     assert len(processes) >= 6, "driver, two learners, two actors and the evaluator"
     assert listening, "the learner group listens (its store and links): this test must see it"
     assert all(a.startswith(("127.0.0.1:", "::ffff:127.0.0.1:")) for a in listening), listening
+
+
+def keyless(ctx, kind: int, endpoint: str, server_public: str | None):
+    """A client of `kind` that knows at most the listener's public key, not the run's client key."""
+    sock = intruder(ctx, endpoint, server_public) if kind == zmq.DEALER else ctx.socket(kind)
+    if kind != zmq.DEALER:
+        sock.setsockopt(zmq.LINGER, 0)
+        if server_public is not None:
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server_public.encode(), public, secret
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "port", ["learner weights (PUB)", "driver events (PULL)", "driver control (PUB, heartbeat thread)"]
+)
+def test_every_tcp_port_of_a_ray_run_refuses_and_counts_peers_without_the_run_key(port):
+    """The learner's fragments port has its own test above (nothing an intruder sends is trained). The
+    others, built as the Ray launcher builds them: a keyless peer is refused in the handshake and
+    counted, hears nothing and is heard by nobody; the run's own client still is."""
+    keys = CurveKeys.new()
+    ctx = zmq.Context()
+    gate = Gatekeeper(ctx, keys)
+    control = None
+    try:
+        if port.startswith("driver control"):
+            control = ControlChannel(ctx, "tcp://127.0.0.1:*", keys)
+            endpoint, client_kind = control.endpoint, zmq.SUB
+            publish = lambda: control.send(b"order")  # noqa: E731  # the heartbeat goes out as well
+        else:
+            server_kind, client_kind = (zmq.PUB, zmq.SUB) if "PUB" in port else (zmq.PULL, zmq.PUSH)
+            server = socket(ctx, server_kind, "tcp://127.0.0.1:*", bind=True, keys=keys)
+            endpoint = bound_endpoint(server)
+            publish = (lambda: server.send(b"weights")) if server_kind == zmq.PUB else (lambda: None)
+        intruders = [keyless(ctx, client_kind, endpoint, keys.server_public), keyless(ctx, client_kind, endpoint, None)]
+        member = ctx.socket(client_kind)
+        join(member, keys)
+        if client_kind == zmq.SUB:
+            member.setsockopt(zmq.SUBSCRIBE, b"")
+        member.connect(endpoint)
+        deadline = time.time() + 20
+        heard = False
+        while time.time() < deadline and not (heard and gate.refused >= 1):
+            publish()
+            if client_kind == zmq.PUSH:
+                for sock in [*intruders, member]:
+                    sock.send(b"from intruder" if sock is not member else b"from member", zmq.NOBLOCK)
+                while server.poll(100):
+                    message = server.recv()
+                    assert message == b"from member", "a keyless peer's message reached the listener"
+                    heard = True
+            else:
+                heard |= bool(member.poll(100))
+        assert heard, "the run's own client must get through"
+        assert gate.refused >= 1, "the keyless peer with the listener's public key is refused and counted"
+        if client_kind == zmq.SUB:
+            assert not any(sock.poll(500) for sock in intruders), "a keyless peer heard the run"
+    finally:
+        if control is not None:
+            control.close()
+        gate.stop()
+        ctx.destroy(linger=0)
