@@ -71,6 +71,7 @@ def test_an_attachment_reaches_the_role_as_a_file(capfd):
         host.close()
     spec = ast.literal_eval(capfd.readouterr().out.strip().splitlines()[-1])
     assert spec["x"] == 1 and Path(spec["attachment"]).read_bytes() == b"checkpoint bytes"
+    assert Path(spec["attachment"]).stat().st_mode & 0o777 == 0o600, "only the run's user reads it"
     Path(spec["attachment"]).unlink()
 
 
