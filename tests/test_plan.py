@@ -11,7 +11,7 @@ from tianji import cli
 from tianji.config import load_config
 from tianji.tools import calibration, plan
 from tianji.tools.calibration import Calibration, Space
-from tianji.tools.plan import choose, layout_space, predict
+from tianji.tools.plan import choose, layout_space, oversubscription_warning, predict
 
 
 def config(bound=8, **topology):
@@ -382,3 +382,12 @@ def test_under_an_auto_bound_the_plan_starts_the_controller_where_it_would_settl
     assert planned.balance.lag_is_auto and planned.balance.lag_start == record["lag_start"]
     assert record["lag_start"] == plan.settled_bound(synthetic({2: 4000.0, 4: 8000.0}, 3000.0), chosen) >= 1
     assert not chosen.held_back  # the controller may raise the bound to what the layout needs
+
+
+def test_a_hand_set_layout_that_crowds_the_cores_is_warned_about():
+    crowded = oversubscription_warning(load_config("pong-appo", ["topology.actors=16"]), cores=2)
+    assert crowded is not None
+    assert "16 actors x 1 thread(s) on 2 cores" in crowded and "1/8 of a core" in crowded
+    assert "tianji plan pong-appo" in crowded
+    assert oversubscription_warning(load_config("pong-appo", []), cores=2) is None  # 2 actors, a learner
+    assert oversubscription_warning(load_config("pong-appo", ["topology.actors=4"]), cores=2) is None

@@ -461,6 +461,21 @@ def lag_warning(cal: Calibration, cfg: Config, chosen: Layout) -> str | None:
     )
 
 
+def oversubscription_warning(cfg: Config, cores: int) -> str | None:
+    """A warning when a hand-set layout gives each actor less than half a core while all of them step."""
+    t = cfg.topology
+    wanted = t.actor_count * t.actor_threads
+    if wanted <= 2 * cores:
+        return None
+    return (
+        f"warning: {t.actor_count} actors x {t.actor_threads} thread(s) on {cores} cores: each gets about "
+        f"1/{wanted / cores:.0f} of a core while all step; they run niced (topology.actor_nice), so the "
+        f"learner keeps its core, but memory and start-up grow with every actor and fragments take "
+        f"{wanted / cores:.0f}x as long; `tianji plan {cfg.name}` (or topology.actors: auto) measures the "
+        "fastest layout here"
+    )
+
+
 def explain(cal: Calibration, chosen: Layout, cores: int, mode: str = "allreduce") -> str:
     """Why this layout: what bounds its throughput, from the measured rates."""
     learner_rate = group_learner_rate(cal, chosen.learners, mode)

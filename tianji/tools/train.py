@@ -19,7 +19,8 @@ from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.launchers.registry import LAUNCHERS
 from tianji.runtime.shared.checkpoint import CheckpointSets, describe_os_error
 from tianji.runtime.shared.context import RunContext
-from tianji.tools.plan import needs_plan, resolve_layout
+from tianji.tools.calibration import available_cores
+from tianji.tools.plan import needs_plan, oversubscription_warning, resolve_layout
 
 log = logging.getLogger("tianji")
 
@@ -114,6 +115,8 @@ def train(
             )
         if plan_record["warning"]:
             log.warning(plan_record["warning"])
+    elif launcher == "local" and (crowded := oversubscription_warning(cfg, available_cores())):
+        log.warning(crowded)
     if resume is not None:
         path = Path(resume)
         run = RunContext(cfg, path, t0, resumed=True)
