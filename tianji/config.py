@@ -161,6 +161,19 @@ class BalanceConfig(Section):
         "that pauses the faster side (null: no limit).",
     )
     replay_ratio_tolerance: float = Field(0.1, ge=0, lt=1, description="Allowed relative deviation from replay_ratio.")
+    schedule: Literal["free", "deterministic"] = Field(
+        "free",
+        description="free: a fragment starts from the newest weights and the learner trains fragments as they "
+        "arrive (timing decides which fragment meets which weights). deterministic: each learner trains its "
+        "actors' fragments in a fixed order (actor i's k-th is number k x actors + i) and fragment n starts from "
+        "the weights the learner had after training fragment n - max_policy_lag - 1 (max_policy_lag counts "
+        "fragments here): a run is a function of its seed and layout, the same under every launcher, and with "
+        "stop.max_env_steps it ends at the same weights (docs/balance.md).",
+    )
+
+    @property
+    def deterministic(self) -> bool:
+        return self.schedule == "deterministic"
 
     @property
     def lag_is_auto(self) -> bool:
@@ -175,6 +188,22 @@ class BalanceConfig(Section):
     def slots_per_actor(self) -> int:
         """Each actor's shared-memory slots: max_inflight, or room for what auto may grant."""
         return max(self.max_inflight, AUTO_MAX_INFLIGHT) if self.lag_is_auto else self.max_inflight
+
+    @model_validator(mode="after")
+    def _deterministic_needs_a_fixed_schedule(self) -> BalanceConfig:
+        if not self.deterministic:
+            return self
+        if self.lag_is_auto:
+            raise ValueError(
+                "balance.schedule 'deterministic' fixes the lag: set balance.max_policy_lag to a number "
+                "(fragments each one may start ahead of the learner), not 'auto'"
+            )
+        if self.publish_delay or not self.backpressure:
+            raise ValueError(
+                "balance.schedule 'deterministic' decides which weights each fragment starts from and when it is "
+                "trained: balance.publish_delay must be 0 and balance.backpressure true"
+            )
+        return self
 
     @model_validator(mode="after")
     def _varying_delay_needs_a_delay(self) -> BalanceConfig:

@@ -7,6 +7,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -151,6 +152,19 @@ class CreditLedger:
             actor.arrived.discard(slot)
             actor.held.append(slot)
 
+    def has_free_slot(self, actor_id: int) -> bool:
+        actor = self.actors.get(actor_id)
+        return actor is not None and bool(actor.held)
+
+    def grant_slot(self, actor_id: int, min_version: int) -> tuple[Hashable, int]:
+        """Grant one of `actor_id`'s free slots (`has_free_slot`) to start from `min_version`: (identity, slot)."""
+        actor = self.actors[actor_id]
+        slot = actor.held.popleft()
+        actor.floors[slot] = min_version
+        self.granted += 1
+        actor.last_grant = self.granted
+        return actor.identity, slot
+
     def grant(
         self, version: int, versions_per_fragment: float, published: int | None = None
     ) -> list[tuple[Hashable, int, int]]:
@@ -174,6 +188,79 @@ class CreditLedger:
             self.granted += 1
             actor.last_grant = self.granted
             grants.append((actor.identity, slot, min_version))
+
+
+class FixedSchedule:
+    """balance.schedule deterministic: which fragment the learner trains next, and which weights each
+    fragment starts from, fixed by the seed and the layout instead of by timing.
+
+    A learner's A actors make fragments numbered n = k x A + i (actor i's k-th, i counted among this
+    learner's actors). The learner takes them in that order, and takes fragment n + 1 only once the
+    updates fragment n made ready are done. Fragment n starts from the weights the learner had after
+    the updates of fragment n - ahead - 1 (the start's weights for the first ahead + 1): up to ahead + 1
+    fragments are made while the learner trains, and each is exactly as old as the schedule says.
+
+        schedule = FixedSchedule(actor_ids=[0, 1], ahead=4, budget=None)
+        schedule.start(version, weights)                  # what fragments 0 .. ahead start from
+        schedule.next_grant(actor_id)                     # (n, version, weights) for its next fragment, or None
+        schedule.arrived(actor_id, seq, item)             # a fragment came (in any order)
+        item = schedule.next_to_take()                    # the next in order, once the last one's updates are done
+        schedule.trained(version, weights)                # the updates of the fragment taken last are done
+    """
+
+    def __init__(self, actor_ids: list[int], ahead: int, budget: int | None = None):
+        self.position = {actor: i for i, actor in enumerate(sorted(actor_ids))}
+        self.ahead = ahead
+        self.budget = budget  # fragments this learner trains in all (stop.max_env_steps), None: no end
+        self.taken = 0  # fragments taken for training, in order: the next one's number
+        self.done = 0  # fragments whose updates are done
+        self.starts: dict[int, tuple[int, Any]] = {}  # m -> (version, weights) after fragment m's updates
+        self.granted = dict.fromkeys(self.position, 0)  # per actor: its next fragment's k
+        self.waiting: dict[int, Any] = {}  # fragments that came before their turn, by number
+
+    def number(self, actor_id: int, seq: int) -> int:
+        return seq * len(self.position) + self.position[actor_id]
+
+    def start(self, version: int, weights: Any) -> None:
+        self.starts[-1] = (version, weights)
+
+    def next_grant(self, actor_id: int) -> tuple[int, int, Any] | None:
+        """The number of `actor_id`'s next fragment, the version and the weights it starts from; None while
+        the learner has not trained that far (or the budget is spent)."""
+        n = self.number(actor_id, self.granted[actor_id])
+        m = n - self.ahead - 1
+        if (self.budget is not None and n >= self.budget) or m >= self.done:
+            return None
+        version, weights = self.starts[max(m, -1)]
+        if m >= 0:
+            del self.starts[m]  # exactly one fragment starts from each fragment's weights
+        self.granted[actor_id] += 1
+        return n, version, weights
+
+    def arrived(self, actor_id: int, seq: int, item: Any) -> None:
+        self.waiting[self.number(actor_id, seq)] = item
+
+    def next_to_take(self) -> Any | None:
+        if self.done < self.taken or self.taken not in self.waiting:
+            return None
+        self.taken += 1
+        return self.waiting.pop(self.taken - 1)
+
+    def trained(self, version: int, weights: Any) -> None:
+        """The updates of the fragment taken last are done: the weights of fragment taken + ahead."""
+        if self.done < self.taken:
+            self.starts[self.done] = (version, weights)
+            self.done += 1
+
+    @property
+    def finished(self) -> bool:
+        return self.budget is not None and self.done >= self.budget
+
+    def drain(self) -> list[Any]:
+        """Every fragment still waiting, in order (the schedule is being given up)."""
+        items = [self.waiting[n] for n in sorted(self.waiting)]
+        self.waiting.clear()
+        return items
 
 
 def lag_aware_in_flight(max_policy_lag: float, versions_per_fragment: float) -> int:

@@ -68,6 +68,10 @@ class Monitor:
             k: int(saved.get(str(k), {}).get("version", 0)) for k in range(self.learners)
         }
         self._per_learner_window: dict[int, list[int]] = {k: [] for k in range(self.learners)}
+        # balance.schedule per learner as it reports it (deterministic ones may fall back to free), and
+        # whether it has trained its share of stop.max_env_steps (then the run ends at the same weights)
+        self.schedules: dict[int, str] = dict.fromkeys(range(self.learners), cfg.balance.schedule)
+        self.schedule_done = dict.fromkeys(range(self.learners), False)
         self.measured: dict[str, dict[str, float]] = {}  # role -> costs it measured at start
         self.eval_return: float | None = r.get("eval_return")
         self.eval_win_rate: float | None = r.get("eval_win_rate")
@@ -128,6 +132,8 @@ class Monitor:
             return
         version = int(e.get("version", self.per_learner_version[rank]))
         self.per_learner_version[rank] = version
+        self.schedules[rank] = str(e.get("schedule", self.schedules[rank]))
+        self.schedule_done[rank] = e.get("schedule_done") is True
         if rank == 0:
             self.version = version
         for key in ("updates", "busy_s", "wait_s"):
@@ -170,7 +176,21 @@ class Monitor:
         self.stop.observe(self.target_value(), self.elapsed(), self.env_steps)
 
     def stop_reason(self) -> str | None:
-        return self.stop.reason(self.env_steps, self.elapsed())
+        return self.stop.reason(self._steps_toward_stop(), self.elapsed())
+
+    def _steps_toward_stop(self) -> int:
+        """The env steps stop.max_env_steps counts: the actors' made, except under a deterministic schedule,
+        which ends once every learner has trained its share (its last fragments may still be in training
+        when the actors report them made)."""
+        budget = self.cfg.stop.max_env_steps
+        if budget is None or self.schedule != "deterministic":
+            return self.env_steps
+        return budget if all(self.schedule_done.values()) else min(self.env_steps, budget - 1)
+
+    @property
+    def schedule(self) -> str:
+        """balance.schedule as the run kept it: deterministic only while every learner follows one."""
+        return "deterministic" if all(s == "deterministic" for s in self.schedules.values()) else "free"
 
     # ------------------------------------------------------------ rows
     def _counts(self) -> dict[str, float]:
@@ -279,6 +299,7 @@ class Monitor:
             "actors_blocked_s": round(self.totals["insert_blocked_s"] + self.totals["actor_wait_s"], 3),
             "env_steps": self.env_steps,
             "episodes": self.episodes,
+            "schedule": self.schedule,  # balance.schedule kept to the end (a deterministic one may fall back)
             "wall_time_s": round(self.elapsed(), 3),
             **lag_summary(self.lag_hist),  # of the fragments trained on: never over balance.max_policy_lag
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_hist.items())},

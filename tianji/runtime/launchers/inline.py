@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     store, keeper = FileStore(run.checkpoint_dir), CheckpointKeeper(run, monitor)
     service: LearnerService[int] = LearnerService(build_learner(cfg, store.load() if run.resumed else None), cfg)
     actors = [build_actor(cfg, i) for i in range(cfg.topology.actor_count)]
-    credits: dict[Hashable, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version)
+    credits: dict[Hashable, deque] = {a.actor_id: deque() for a in actors}  # granted (slot, min_version, exact)
     for actor in actors:
         actor.set_weights(*service.hello(actor.actor_id, Hello(actor=actor.actor_id)))
     actor_reporters = [ActorReporter(a) for a in actors]
@@ -46,8 +47,8 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     try:
         while (reason := monitor.stop_reason()) is None:
             for actor, reporter in zip(actors, actor_reporters, strict=True):
-                for peer, slot, min_version in service.grants():
-                    credits[peer].append((slot, min_version))
+                for grant in service.grants():
+                    credits[grant.peer].append((grant.slot, grant.min_version, grant.weights))
                 if credits[actor.actor_id] and service.wants_data():
                     _collect(actor, credits[actor.actor_id].popleft(), service)
                     monitor.on_event(reporter.event())
@@ -71,9 +72,11 @@ def run_inline(run: RunContext, monitor: Monitor) -> str:
     return reason
 
 
-def _collect(actor: Actor, credit: tuple[int, int], service: LearnerService) -> None:
+def _collect(actor: Actor, credit: tuple[int, int, Any], service: LearnerService) -> None:
     """Fill one granted slot and hand it over, as an actor process does through its slot file."""
-    slot, min_version = credit
+    slot, min_version, exact = credit
+    if exact is not None:  # a deterministic schedule: exactly these weights
+        actor.set_weights(min_version, exact, force=True)
     assert actor.version >= min_version, "inline actors get every publish at once"
     fragment = actor.collect()
     notice = FragmentNotice(

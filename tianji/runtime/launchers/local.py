@@ -23,7 +23,8 @@ from tianji.runtime.driver.control import ControlChannel
 from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import drive, is_learner
 from tianji.runtime.process.life import new_token, sweep_leftovers
-from tianji.runtime.roles.loops import actor_main, evaluator_main, learner_main, learner_of, role_pool
+from tianji.runtime.roles.loops import actor_main, evaluator_main, learner_main, role_pool
+from tianji.runtime.roles.service import learner_of
 from tianji.runtime.shared.context import RunContext
 from tianji.runtime.shared.logs import log
 from tianji.runtime.sync import GroupSpec

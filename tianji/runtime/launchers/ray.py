@@ -32,7 +32,8 @@ from tianji.runtime.driver.monitor import Monitor
 from tianji.runtime.driver.supervise import RoleError, drive, is_learner
 from tianji.runtime.launchers.ray_boot import ROLE_CODE, ROLE_PROCESS, Booted, RayNodeHost, booted
 from tianji.runtime.process.life import new_token, sweep_leftovers
-from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, learner_of, run_role
+from tianji.runtime.roles.loops import actor_loop, bind_learner, evaluator_loop, learner_loop, run_role
+from tianji.runtime.roles.service import learner_of
 from tianji.runtime.shared.checkpoint import CheckpointSets, ShippedStore
 from tianji.runtime.shared.context import RunContext
 from tianji.runtime.shared.logs import log

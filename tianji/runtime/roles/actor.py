@@ -30,6 +30,7 @@ import numpy as np
 from tianji.algos.base import ActorPolicy
 from tianji.algos.common.tensors import Arrays
 from tianji.envs.make import VectorEnvLike
+from tianji.runtime.shared.randomness import OwnRandom
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Actor:
         self.terminal_info: str | None = getattr(envs, "terminal_info", None)
         self.episodes: list[tuple[float, ...]] = []  # finished (return, length[, won]), drained by the caller
         self.busy_s = 0.0
+        self.own_random: OwnRandom | None = None  # its own torch stream (balance.schedule deterministic)
 
     def set_weights(self, version: int, weights: Mapping[str, np.ndarray], force: bool = False) -> None:
         """Newest weights win; `force` takes older ones too (a restarted learner counts from its checkpoint)."""
@@ -112,7 +114,11 @@ class Actor:
                 buffers[key][t] = value
         else:  # nowhere to write them yet: keep a copy, the step below may overwrite the env's arrays
             obs_rows = {key: np.array(value) for key, value in obs_rows.items()}
-        env_action, record = self.policy.act(obs)
+        if self.own_random is None:
+            env_action, record = self.policy.act(obs)
+        else:
+            with self.own_random.drawing():
+                env_action, record = self.policy.act(obs)
         next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
         done = np.logical_or(terminated, truncated)
         if self.terminal_info is not None:  # a terminal for the learner only: the episode goes on

@@ -14,6 +14,7 @@ from tianji.runtime.balance import RateLimiter
 from tianji.runtime.roles.actor import Actor
 from tianji.runtime.roles.evaluator import Evaluator
 from tianji.runtime.roles.learner import Learner
+from tianji.runtime.shared.randomness import OwnRandom
 
 
 def actor_seed(cfg: Config, actor_id: int) -> int:
@@ -28,7 +29,7 @@ def build_actor(cfg: Config, actor_id: int) -> Actor:
     policy = get_algo(cfg.algo.name).make_policy(
         cfg.algo, envs.single_observation_space, envs.single_action_space, placement
     )
-    return Actor(
+    actor = Actor(
         actor_id,
         envs,
         policy,
@@ -36,6 +37,9 @@ def build_actor(cfg: Config, actor_id: int) -> Actor:
         seed=actor_seed(cfg, actor_id),
         reward_clip=cfg.env.reward_clip,
     )
+    if cfg.balance.deterministic:
+        actor.own_random = OwnRandom(actor_seed(cfg, actor_id) + 1)
+    return actor
 
 
 def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
@@ -45,6 +49,8 @@ def build_learner(cfg: Config, state: dict[str, Any] | None = None) -> Learner:
     limiter = RateLimiter(cfg.balance.replay_ratio, cfg.balance.replay_ratio_tolerance)
     algo = get_algo(cfg.algo.name).make_learner(cfg.algo, obs_space, act_space, device=cfg.learner.device)
     learner = Learner(algo, cfg.balance.bound_at_start, limiter, cfg.balance.backpressure)
+    if cfg.balance.deterministic:
+        learner.own_random = OwnRandom(cfg.seed + 2)
     if state is not None:
         learner.load_state_dict(state)
     return learner

@@ -20,6 +20,7 @@ from tianji.algos.base import AlgoLearner
 from tianji.algos.common.tensors import Arrays
 from tianji.runtime.balance import LagStats, RateLimiter
 from tianji.runtime.roles.actor import Fragment
+from tianji.runtime.shared.randomness import OwnRandom
 from tianji.runtime.sync import NoSync
 
 VERSIONS_EMA = 0.2
@@ -54,6 +55,7 @@ class Learner:
         # lag of the next (1 for PPO with one fragment per batch; updates per fragment for DQN)
         self.versions_per_fragment = 1.0
         self._version_at_last_admit: int | None = None
+        self.own_random: OwnRandom | None = None  # its own torch stream (balance.schedule deterministic)
 
     def consume(self, fragment: Fragment) -> bool:
         """Take a fragment: into the algorithm's buffer now, unless its policy lag is over the bound.
@@ -102,7 +104,11 @@ class Learner:
         """One update (raises tianji.runtime.sync.GroupStopping when the learner group is stopping)."""
         start = time.perf_counter()
         self.algo.env_steps = self.env_steps_consumed * self.group_size  # for the algorithm's schedules
-        self.last_stats = self.algo.update()
+        if self.own_random is None:
+            self.last_stats = self.algo.update()
+        else:
+            with self.own_random.drawing():
+                self.last_stats = self.algo.update()
         if self.sync is not None:
             self.sync.after_update(self.algo.parameters(), self.algo.optimizer_moments())
         self.version += 1

@@ -85,7 +85,7 @@ class LearnerLink:
         learner = LearnerLink(ctx, endpoints, "actor0", hello=Hello(actor=0, slots=2))
         learner.receive(actor)          # weights replies and credits
         learner.newest_weights(actor)   # newest published weights, when they are needed
-        slot, min_version = learner.credits.popleft()
+        slot, min_version, exact = learner.credits.popleft()
 
     The reply to a hello names the learner's epoch; a new epoch means a restarted learner, which
     owns every slot again and grants them anew, so the credits held for the old one are dropped.
@@ -107,7 +107,7 @@ class LearnerLink:
         self.role = role
         self.hello = hello
         self.epoch = -1  # none yet: no weights
-        self.credits: deque[tuple[int, int]] = deque()  # (slot, min_version)
+        self.credits: deque[tuple[int, int, Any]] = deque()  # (slot, min_version, exact weights or None)
         self.sent: set[int] = set()  # slots whose fragment went out and whose credit has not come back
         self.bad_messages = 0
         self.resyncs = 0
@@ -131,7 +131,7 @@ class LearnerLink:
                 self._resync()
 
     def _resync(self) -> None:
-        held = [slot for slot, _ in self.credits]
+        held = [slot for slot, *_ in self.credits]
         self.link.send(pack_header(self.hello.with_resync(held, sorted(self.sent)).header()))
         self.credits.clear()  # granted anew in the reply's wake; credits that cross it are void
         self.sent.clear()
@@ -230,7 +230,7 @@ class LearnerLink:
             taker.set_weights(message.version, arrays, force=new_epoch)
             self._waiting_since = None
         elif isinstance(message, Credit) and message.epoch == self.epoch and not self._resyncing:
-            self.credits.append((message.slot, message.min_version))
+            self.credits.append((message.slot, message.min_version, arrays if message.exact else None))
             self.sent.discard(message.slot)
 
     def newest_weights(self, taker: WeightsTaker) -> None:

@@ -30,7 +30,7 @@ from tianji.runtime.roles.build import build_actor, build_evaluator, build_learn
 from tianji.runtime.roles.learner import Learner
 from tianji.runtime.roles.links import DriverGone, DriverLink, FrameSender, LearnerLink, SlotSender
 from tianji.runtime.roles.reporters import ActorReporter
-from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService
+from tianji.runtime.roles.service import EVENT_INTERVAL_S, LearnerService, learner_of
 from tianji.runtime.shared.checkpoint import FileStore, ShippedStore
 from tianji.runtime.shared.context import RunContext
 from tianji.runtime.shared.events import heartbeat, measured, role_error, stopped
@@ -112,11 +112,6 @@ def _orders(driver: DriverLink, learner: LearnerLink | None = None) -> bool:
 # ---------------------------------------------------------------- actor
 
 
-def learner_of(cfg: Config, actor_id: int) -> int:
-    """The learner an actor feeds: actors are dealt to learners in turn (evenly)."""
-    return actor_id % cfg.topology.learner_count
-
-
 def role_pool(token: str, role: str, pid: int) -> Path:
     """The slot file of one role process. A restarted actor gets a new file: notices its dead
     predecessor left queued at the learner still point at the old one, which nobody rewrites."""
@@ -172,6 +167,10 @@ def actor_loop(
     def can_start() -> bool:
         if not (learner.has_weights and learner.credits):
             return False
+        _, version, exact = learner.credits[0]
+        if exact is not None:  # a deterministic schedule: exactly these weights, whatever is newer
+            actor.set_weights(version, exact, force=True)
+            return True
         learner.newest_weights(actor)  # applied between fragments, only when one is about to start
         if actor.version >= learner.credits[0][1]:
             return True
@@ -192,7 +191,7 @@ def actor_loop(
             learner.check_link()  # a link that came back after a cut says hello again
             learner.receive(actor)
             if can_start():
-                slot, _ = learner.credits.popleft()
+                slot, *_ = learner.credits.popleft()
                 fragment = actor.collect(sender.views(slot), between_steps)  # rows straight into the slot
                 notice = FragmentNotice(
                     slot, learner.epoch, actor_id, fragment.seq, fragment.policy_version, fragment.env_steps
@@ -372,8 +371,9 @@ class LearnerEndpoint:
         self.publisher.send_multipart(encode(Weights(version, self.epoch).header(), weights), copy=False)
 
     def send_credits(self) -> None:
-        for peer, slot, min_version in self.service.grants():
-            self.router.send_multipart([peer, pack_header(Credit(slot, min_version, self.epoch).header())])
+        for grant in self.service.grants():
+            credit = Credit(grant.slot, grant.min_version, self.epoch, exact=grant.weights is not None)
+            self.router.send_multipart([grant.peer, *encode(credit.header(), grant.weights)], copy=False)
 
 
 def learner_loop(

@@ -49,6 +49,8 @@ class LearnerReporter:
         self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
         self.refused_peers = 0  # TCP handshakes refused: peers without the run's key (cumulative)
         self.fragments_in_frames = 0  # arrays that came over the network rather than through shared memory
+        self.schedule = "free"  # balance.schedule in force (the service's)
+        self.schedule_done = False
         self._deltas = _Deltas()
         self._deltas(self._counts())  # a resumed learner starts from its restored counters
 
@@ -84,8 +86,10 @@ class LearnerReporter:
             dict(lr.last_stats),
             lr.limiter.ratio(),
             self._deltas(self._counts()),
-            lr.lag.max_policy_lag,
+            lr.lag.max_policy_lag if self.schedule == "free" else float("nan"),
             self._inflight(),
+            self.schedule,
+            self.schedule_done,
         )
 
     def _inflight(self) -> float:

@@ -16,15 +16,16 @@ credits, lag bound, rate limiter, slot lifetimes, publishing, group sync and che
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from tianji.config import Config
-from tianji.runtime.balance import CreditLedger, LagController, LagDecision, LagWindow
+from tianji.runtime.balance import CreditLedger, FixedSchedule, LagController, LagDecision, LagWindow
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 from tianji.runtime.roles.reporters import LearnerReporter
@@ -38,6 +39,33 @@ log = logging.getLogger(__name__)
 
 
 PeerT = TypeVar("PeerT", bound=Hashable)  # how the transport names a sender: a ZeroMQ identity, an actor id
+NO_DROPS = 2**62  # the lag bound under a deterministic schedule, which fixes every fragment's age itself
+
+
+def learner_of(cfg: Config, actor_id: int) -> int:
+    """The learner an actor feeds: actors are dealt to learners in turn (evenly)."""
+    return actor_id % cfg.topology.learner_count
+
+
+def fixed_schedule(cfg: Config, rank: int) -> FixedSchedule:
+    """balance.schedule deterministic for learner `rank`: its actors, how far ahead they run, and with
+    stop.max_env_steps its share of the fragments (the run ends at the same weights every time)."""
+    actors = [i for i in range(cfg.topology.actor_count) if learner_of(cfg, i) == rank]
+    budget = None
+    if cfg.stop.max_env_steps is not None:
+        fragment_steps = cfg.topology.fragment_length * cfg.topology.envs_count
+        budget = math.ceil(math.ceil(cfg.stop.max_env_steps / fragment_steps) / cfg.topology.learner_count)
+    return FixedSchedule(actors, int(cfg.balance.max_policy_lag), budget)
+
+
+class Grant(NamedTuple):
+    """A credit to send: `peer` may fill `slot` from weights `min_version` or newer; under a deterministic
+    schedule exactly those, which come with it (`weights`)."""
+
+    peer: Any
+    slot: int
+    min_version: int
+    weights: Any = None
 
 
 class LearnerService(Generic[PeerT]):
@@ -58,6 +86,9 @@ class LearnerService(Generic[PeerT]):
         cap = None if self.lag_control is None else self.lag_control.inflight
         self.credits = CreditLedger(bound, lag_aware=cfg.balance.backpressure, inflight_cap=cap)
         self.reporter = LearnerReporter(learner, rank, self.credits, self.default_slots)
+        self.schedule: FixedSchedule | None = None
+        if cfg.balance.deterministic:
+            self._follow_schedule(fixed_schedule(cfg, rank), epoch)
         # Without back-pressure fragments wait in a backlog, so they must be copied out of their slot;
         # with it, a slot goes back to its actor once the algorithm has copied what it keeps (replay)
         # or once the update that trains on it returns (on-policy: the algorithm holds fragments).
@@ -74,6 +105,30 @@ class LearnerService(Generic[PeerT]):
         self._window_wait_s = 0.0  # the reporter's wait_s when the lag controller's window began
         self._window_ess: list[float] = []
         self._checkpointed_version = learner.version  # a resumed learner's is on disk already
+        if self.schedule is not None:
+            self.schedule.start(learner.version, self.published_weights)
+
+    def _follow_schedule(self, schedule: FixedSchedule, epoch: int) -> None:
+        if epoch > 0:
+            log.warning("balance.schedule deterministic: a restarted learner goes on with the free schedule")
+            return
+        self.schedule = schedule
+        self.credits.lag_aware = False  # the schedule says which weights each fragment starts from
+        self._free_bound = self.learner.lag.max_policy_lag
+        self.learner.lag.max_policy_lag = NO_DROPS
+        self.reporter.schedule = "deterministic"
+
+    def give_up_schedule(self, reason: str) -> None:
+        """Go on with the free schedule: what waits for its turn is trained now, in order."""
+        if self.schedule is None:
+            return
+        log.warning("balance.schedule deterministic given up (%s): the run goes on with the free schedule", reason)
+        waiting, self.schedule = self.schedule.drain(), None
+        self.credits.lag_aware = True
+        self.learner.lag.max_policy_lag = self._free_bound
+        self.reporter.schedule, self.reporter.schedule_done = "free", False
+        for peer, slot, fragment, in_slot in waiting:
+            self._take_now(peer, slot, fragment, in_slot)
 
     # ------------------------------------------------------------ messages in
 
@@ -81,8 +136,12 @@ class LearnerService(Generic[PeerT]):
         """An actor (or the evaluator) said hello: an actor's slots are the learner's to grant.
         Returns the weights to reply with: (version, arrays)."""
         if hello.actor is not None:  # the evaluator says hello too, but fills no slots
+            known = self.credits.actors.get(hello.actor)
+            if known is not None and known.identity != peer:
+                self.give_up_schedule(f"actor{hello.actor} was restarted")
             self.credits.register(hello.actor, peer, hello.slots or self.default_slots)
             if hello.resync is not None:  # its link came back after a cut
+                self.give_up_schedule(f"actor{hello.actor}'s link was cut")
                 self.credits.resync(peer, set(hello.resync.sent))
         return self.published, self.published_weights
 
@@ -99,7 +158,23 @@ class LearnerService(Generic[PeerT]):
 
     def take(self, peer: PeerT, slot: int, fragment: Fragment, in_slot: bool) -> None:
         """Hand the learner a noticed fragment. `in_slot`: its arrays are views of the sender's slot,
-        which then stays the learner's until the update that trains on it returns."""
+        which then stays the learner's until the update that trains on it returns. Under a deterministic
+        schedule it waits for its turn."""
+        if self.schedule is None:
+            self._take_now(peer, slot, fragment, in_slot)
+            return
+        self.schedule.arrived(fragment.actor_id, fragment.seq, (peer, slot, fragment, in_slot))
+        self._take_in_turn(self.schedule)
+
+    def _take_in_turn(self, schedule: FixedSchedule) -> None:
+        """The fragments whose turn it is, each once the updates the one before made ready are done."""
+        while not self.learner.ready() and (item := schedule.next_to_take()) is not None:
+            self._take_now(*item)
+            if not self.learner.ready():
+                schedule.trained(self.learner.version, self.learner.weights())
+        self.reporter.schedule_done = schedule.finished
+
+    def _take_now(self, peer: PeerT, slot: int, fragment: Fragment, in_slot: bool) -> None:
         if self.learner.consume(fragment) and self._holds and in_slot and self.trains_in_slot:
             self._trained_in_slot.append((peer, slot))
         else:
@@ -117,7 +192,7 @@ class LearnerService(Generic[PeerT]):
     # ------------------------------------------------------------ work
 
     def wants_data(self) -> bool:
-        return self.learner.wants_data()
+        return self.schedule is not None or self.learner.wants_data()  # a schedule holds early fragments
 
     def ready(self) -> bool:
         return self.learner.ready()
@@ -125,6 +200,8 @@ class LearnerService(Generic[PeerT]):
     def step(self) -> tuple[int, Any] | None:
         """Train once if the balance rules allow; returns new weights to publish (version, arrays) or
         None. Raises tianji.runtime.sync.GroupStopping when another learner of the group stops."""
+        if self.schedule is not None:
+            self._take_in_turn(self.schedule)
         if not self.learner.ready():
             self.learner.poll_sync()
             return None
@@ -134,9 +211,14 @@ class LearnerService(Generic[PeerT]):
         for peer, slot in self._trained_in_slot:
             self.credits.release(peer, slot)
         self._trained_in_slot.clear()
+        weights = None
+        if self.schedule is not None and not self.learner.ready():  # the fragment's updates are done
+            weights = self.learner.weights()
+            self.schedule.trained(self.learner.version, weights)
+            self._take_in_turn(self.schedule)  # after the release: the next one's slot stays held
         if self.learner.version % self.publish_every:
             return None
-        self._delayed.append(self.learner.weights())
+        self._delayed.append(weights if weights is not None else self.learner.weights())
         # index 0 is the oldest kept (publish_delay updates ago); publish_delay_varies draws the age instead
         pick = 0 if self._delay_draws is None else int(self._delay_draws.integers(len(self._delayed)))
         self.published, self.published_weights = self.learner.version, self._delayed[pick]
@@ -163,11 +245,21 @@ class LearnerService(Generic[PeerT]):
         self.credits.inflight_cap = decision.inflight
         log.info("lag bound %d, %d credit(s) per actor: %s", decision.bound, decision.inflight, decision.reason)
 
-    def grants(self) -> list[tuple[PeerT, int, int]]:
-        """Credits to send now: (peer, slot, min_version)."""
+    def grants(self) -> list[Grant]:
+        """Credits to send now."""
+        if self.schedule is not None:
+            return self._scheduled_grants(self.schedule)
         lr = self.learner
-        grants = self.credits.grant(lr.version, lr.versions_per_fragment, self.published)
-        return cast(list[tuple[PeerT, int, int]], grants)  # the peers registered are the ones hello gave
+        return [Grant(*g) for g in self.credits.grant(lr.version, lr.versions_per_fragment, self.published)]
+
+    def _scheduled_grants(self, schedule: FixedSchedule) -> list[Grant]:
+        grants = []
+        for actor_id in schedule.position:
+            while self.credits.has_free_slot(actor_id) and (turn := schedule.next_grant(actor_id)) is not None:
+                _, version, weights = turn
+                peer, slot = self.credits.grant_slot(actor_id, version)
+                grants.append(Grant(peer, slot, version, weights))
+        return grants
 
     def stop(self) -> None:
         """Leave the learner group in step with the others (with a group, stopping is a collective)."""

@@ -67,6 +67,8 @@ class LearnerEvent(LearnerCounters):
     replay_ratio: float
     lag_bound: float  # the lag bound now (it moves under balance.max_policy_lag: auto)
     inflight: float  # the credits an actor may hold now
+    schedule: str  # balance.schedule in force: "deterministic", or "free" (set, or fallen back to)
+    schedule_done: bool  # deterministic with stop.max_env_steps: every fragment of its budget trained
 
 
 class EvalEvent(TypedDict, total=False):
@@ -121,6 +123,8 @@ def learner_event(
     counts: dict[str, float],
     lag_bound: float = float("nan"),
     inflight: float = float("nan"),
+    schedule: str = "free",
+    schedule_done: bool = False,
 ) -> LearnerEvent:
     event = {
         "kind": "learner",
@@ -133,6 +137,8 @@ def learner_event(
         "replay_ratio": replay_ratio,
         "lag_bound": lag_bound,
         "inflight": inflight,
+        "schedule": schedule,
+        "schedule_done": schedule_done,
     }
     return cast(LearnerEvent, {**event, **{key: counts[key] for key in LEARNER_COUNTERS}})
 

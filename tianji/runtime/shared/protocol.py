@@ -185,20 +185,29 @@ class Weights(Message):
 
 @dataclass(frozen=True)
 class Credit(Message):
-    """The learner grants `slot` to its actor: fill it with weights of `min_version` or newer."""
+    """The learner grants `slot` to its actor: fill it with weights of `min_version` or newer; `exact`
+    (balance.schedule deterministic): with exactly the weights of that version, which follow as arrays."""
 
     kind: ClassVar[str] = "credit"
     slot: int
     min_version: int
     epoch: int
+    exact: bool = False
 
     def header(self) -> dict[str, Any]:
-        return {"kind": self.kind, "slot": self.slot, "min_version": self.min_version, "epoch": self.epoch}
+        header = {"kind": self.kind, "slot": self.slot, "min_version": self.min_version, "epoch": self.epoch}
+        return {**header, "exact": True} if self.exact else header
 
     @classmethod
     def parse(cls, header: Mapping[str, Any]) -> Credit:
+        exact = header.get("exact", False)
+        if not isinstance(exact, bool):
+            raise WireError(f"credit: 'exact' must be a bool, got {exact!r}")
         return cls(
-            _int(header, "slot", "credit"), _int(header, "min_version", "credit"), _int(header, "epoch", "credit")
+            _int(header, "slot", "credit"),
+            _int(header, "min_version", "credit"),
+            _int(header, "epoch", "credit"),
+            exact,
         )
 
 
