@@ -8,6 +8,7 @@ The monitor turns events into rows with fixed prefixes (`env/`, `perf/`, `balanc
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter, defaultdict, deque
@@ -72,6 +73,7 @@ class Monitor:
         # whether it has trained its share of stop.max_env_steps (then the run ends at the same weights)
         self.schedules: dict[int, str] = dict.fromkeys(range(self.learners), cfg.balance.schedule)
         self.schedule_done = dict.fromkeys(range(self.learners), False)
+        self.scheduled_episodes: list[tuple[int, int, int, Any]] = []  # (fragment seq, actor, arrival, episode)
         self.measured: dict[str, dict[str, float]] = {}  # role -> costs it measured at start
         self.eval_return: float | None = r.get("eval_return")
         self.eval_win_rate: float | None = r.get("eval_win_rate")
@@ -115,6 +117,9 @@ class Monitor:
 
     def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
+        if self.cfg.balance.deterministic:  # their order in the schedule, whatever order events came in
+            for episode, seq in zip(e.get("episodes", []), e.get("episode_fragments", []), strict=False):
+                self.scheduled_episodes.append((int(seq), int(e.get("id", 0)), len(self.scheduled_episodes), episode))
         for key in ACTOR_COUNTERS:
             if key != "env_steps":  # counted above
                 self.totals[ACTOR_TOTALS.get(key, key)] += _number(e, key)
@@ -134,6 +139,7 @@ class Monitor:
         self.per_learner_version[rank] = version
         self.schedules[rank] = str(e.get("schedule", self.schedules[rank]))
         self.schedule_done[rank] = e.get("schedule_done") is True
+        self._write_versions(rank, e.get("version_stats", []))
         if rank == 0:
             self.version = version
         for key in ("updates", "busy_s", "wait_s"):
@@ -152,6 +158,17 @@ class Monitor:
         self.dropped_lag_hist.update(int(x) for x in e.get("dropped_lags", []))
         self.train_stats.update(e.get("stats", {}))
 
+    def _write_versions(self, rank: int, version_stats: list[Any]) -> None:
+        """Under a deterministic schedule: every update's training stats, one JSON line per version."""
+        if not version_stats:
+            return
+        try:
+            with (self.run_dir / "versions.jsonl").open("a") as out:
+                for version, stats in version_stats:
+                    out.write(json.dumps({"learner": rank, "version": version, **stats}) + "\n")
+        except OSError as exc:
+            log.warning("versions.jsonl not written: %s", exc)
+
     def _on_eval(self, e: EvalEvent) -> None:
         self.eval_return = float(e["return_mean"])
         self.eval_length = float(e.get("length_mean", float("nan")))
@@ -160,6 +177,11 @@ class Monitor:
             self.eval_win_rate = float(e["win_rate"])
         self.totals["eval_rounds"] += 1
         self._check_target()
+
+    def _scheduled_return_mean(self) -> float | None:
+        """The last WINDOW episodes in the schedule's order (fragment, actor), not in the order events came."""
+        ordered = sorted(self.scheduled_episodes, key=lambda item: item[:3])[-WINDOW:]
+        return sum(float(item[3][0]) for item in ordered) / len(ordered) if ordered else None
 
     def return_mean(self) -> float | None:
         return sum(self.returns) / len(self.returns) if self.returns else None
@@ -276,7 +298,7 @@ class Monitor:
 
     # ------------------------------------------------------------ summary / state
     def summary(self, stop_reason: str) -> dict[str, Any]:
-        mean = self.return_mean()
+        mean = self.return_mean() if self.schedule != "deterministic" else self._scheduled_return_mean()
         metric = {
             "train": "env/return_mean100 (mean return of the last 100 training episodes)",
             "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",

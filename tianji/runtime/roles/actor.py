@@ -67,6 +67,7 @@ class Actor:
         self.recorded_info: tuple[str, ...] = tuple(getattr(envs, "recorded_info", ()))
         self.terminal_info: str | None = getattr(envs, "terminal_info", None)
         self.episodes: list[tuple[float, ...]] = []  # finished (return, length[, won]), drained by the caller
+        self.episode_fragments: list[int] = []  # the seq of the fragment each of them ended in
         self.busy_s = 0.0
         self.own_random: OwnRandom | None = None  # its own torch stream (balance.schedule deterministic)
 
@@ -104,7 +105,13 @@ class Actor:
 
     def drain_episodes(self) -> list[tuple[float, ...]]:
         episodes, self.episodes = self.episodes, []
+        self.episode_fragments = self.episode_fragments[len(episodes) :]
         return episodes
+
+    def drain_episodes_and_fragments(self) -> tuple[list[tuple[float, ...]], list[int]]:
+        """Finished episodes and, for each, the number (seq) of the fragment it ended in."""
+        fragments = self.episode_fragments[: len(self.episodes)]
+        return self.drain_episodes(), fragments
 
     def _step(self, t: int, buffers: Arrays | None) -> Arrays:
         obs = self.obs
@@ -150,5 +157,6 @@ class Actor:
         for i in np.flatnonzero(done & valid):
             episode = (float(self._return[i]), int(self._length[i]))
             self.episodes.append(episode if won is None else (*episode, bool(won[i])))
+            self.episode_fragments.append(self.seq)
         self._return[done] = 0.0
         self._length[done] = 0

@@ -35,7 +35,8 @@ class ActorReporter:
             "wait_s": self.wait_s,
             "bad_messages": self.bad_messages,
         }
-        return actor_event(a.actor_id, a.drain_episodes(), self._deltas(counts))
+        episodes, fragments = a.drain_episodes_and_fragments()
+        return actor_event(a.actor_id, episodes, self._deltas(counts), fragments)
 
 
 class LearnerReporter:
@@ -51,6 +52,7 @@ class LearnerReporter:
         self.fragments_in_frames = 0  # arrays that came over the network rather than through shared memory
         self.schedule = "free"  # balance.schedule in force (the service's)
         self.schedule_done = False
+        self.version_stats: list[tuple[int, dict[str, float]]] = []  # deterministic: every update's stats
         self._deltas = _Deltas()
         self._deltas(self._counts())  # a resumed learner starts from its restored counters
 
@@ -90,7 +92,12 @@ class LearnerReporter:
             self._inflight(),
             self.schedule,
             self.schedule_done,
+            self._drain_version_stats(),
         )
+
+    def _drain_version_stats(self) -> list[tuple[int, dict[str, float]]]:
+        stats, self.version_stats = self.version_stats, []
+        return stats
 
     def _inflight(self) -> float:
         if self.credits is None:

@@ -206,6 +206,8 @@ class LearnerService(Generic[PeerT]):
             self.learner.poll_sync()
             return None
         self.learner.update()
+        if self.schedule is not None:  # the run's curve, version by version (versions.jsonl)
+            self.reporter.version_stats.append((self.learner.version, dict(self.learner.last_stats)))
         if self.lag_control is not None:
             self._control_lag(self.lag_control)
         for peer, slot in self._trained_in_slot:

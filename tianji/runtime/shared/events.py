@@ -54,6 +54,7 @@ class ActorEvent(ActorCounters):
     role: str
     id: int
     episodes: list[tuple[float, ...]]  # finished (return, length[, won])
+    episode_fragments: list[int]  # the seq of the fragment each episode ended in (their order in a schedule)
 
 
 class LearnerEvent(LearnerCounters):
@@ -69,6 +70,7 @@ class LearnerEvent(LearnerCounters):
     inflight: float  # the credits an actor may hold now
     schedule: str  # balance.schedule in force: "deterministic", or "free" (set, or fallen back to)
     schedule_done: bool  # deterministic with stop.max_env_steps: every fragment of its budget trained
+    version_stats: list[tuple[int, dict[str, float]]]  # deterministic: each update's stats since the last event
 
 
 class EvalEvent(TypedDict, total=False):
@@ -108,8 +110,19 @@ Event = ActorEvent | LearnerEvent | EvalEvent | CheckpointNotice | MeasuredCosts
 _COUNTERS = {"actor": ACTOR_COUNTERS, "learner": LEARNER_COUNTERS}
 
 
-def actor_event(actor_id: int, episodes: list[tuple[float, ...]], counts: dict[str, float]) -> ActorEvent:
-    event = {"kind": "actor", "role": f"actor{actor_id}", "id": actor_id, "episodes": episodes}
+def actor_event(
+    actor_id: int,
+    episodes: list[tuple[float, ...]],
+    counts: dict[str, float],
+    episode_fragments: list[int] | None = None,
+) -> ActorEvent:
+    event = {
+        "kind": "actor",
+        "role": f"actor{actor_id}",
+        "id": actor_id,
+        "episodes": episodes,
+        "episode_fragments": episode_fragments if episode_fragments is not None else [],
+    }
     return cast(ActorEvent, {**event, **{key: counts[key] for key in ACTOR_COUNTERS}})
 
 
@@ -125,6 +138,7 @@ def learner_event(
     inflight: float = float("nan"),
     schedule: str = "free",
     schedule_done: bool = False,
+    version_stats: list[tuple[int, dict[str, float]]] | None = None,
 ) -> LearnerEvent:
     event = {
         "kind": "learner",
@@ -139,6 +153,7 @@ def learner_event(
         "inflight": inflight,
         "schedule": schedule,
         "schedule_done": schedule_done,
+        "version_stats": version_stats or [],
     }
     return cast(LearnerEvent, {**event, **{key: counts[key] for key in LEARNER_COUNTERS}})
 
