@@ -1,0 +1,140 @@
+"""balance.schedule deterministic: a run is a function of its seed and layout, the same under every
+launcher; and the schedule's own rules (tianji.runtime.balance.FixedSchedule)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tianji.config import ConfigError, load_config
+from tianji.runtime.balance import FixedSchedule
+from tianji.runtime.roles.build import build_learner
+from tianji.runtime.roles.service import LearnerService
+from tianji.runtime.shared.checkpoint import load_learner
+from tianji.runtime.shared.protocol import Hello
+from tianji.tools.train import train
+
+TIMES = ("wall_time_s", "time_to_target_s", "learner_blocked_s", "actors_blocked_s")
+TRANSPORT = ("fragments_over_network", "measured_costs", "learners")  # how data travelled, per-learner times
+
+
+def deterministic_run(tmp_path: Path, name: str, preset: str, steps: int, launcher: str, *overrides: str):
+    settings = [
+        "balance.schedule=deterministic",
+        f"stop.max_env_steps={steps}",
+        "stop.target_return=null",
+        "stop.max_wall_time_s=300",
+        "logging.console=false",
+        "eval.interval_s=null",
+        *overrides,
+    ]
+    run_dir, summary = train(load_config(preset, settings), launcher, run_dir=str(tmp_path / name))
+    return run_dir, summary
+
+
+def fingerprint(run_dir: Path, summary: dict) -> tuple[dict, dict, list[str]]:
+    """Final weights, the summary but for times and rates, and every update's training stats."""
+    weights = load_learner(run_dir / "checkpoints")["algo"]["net"]
+    kept = {k: v for k, v in summary.items() if k not in TIMES + TRANSPORT and "per_s" not in k}
+    versions = sorted((run_dir / "versions.jsonl").read_text().splitlines())
+    return weights, kept, versions
+
+
+def assert_same_run(first: tuple[Path, dict], second: tuple[Path, dict]) -> None:
+    (w1, s1, v1), (w2, s2, v2) = fingerprint(*first), fingerprint(*second)
+    assert s1["schedule"] == s2["schedule"] == "deterministic", "the schedule fell back to the free one"
+    assert v1 and v1 == v2, "every update's training statistics match"
+    assert s1 == s2
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1), "byte-identical final weights"
+
+
+# ---------------------------------------------------------------- the schedule's rules
+
+
+def test_fragments_are_trained_in_turn_each_from_the_weights_ahead_fragments_back():
+    schedule = FixedSchedule(actor_ids=[3, 1], ahead=1, budget=6)  # positions: actor 1 first, then 3
+    schedule.start(0, "w0")
+    assert schedule.next_grant(1) == (0, 0, "w0") and schedule.next_grant(3) == (1, 0, "w0")
+    assert schedule.next_grant(1) is None, "fragment 2 starts from fragment 0's weights: not trained yet"
+    schedule.arrived(3, 0, "fragment 1")  # out of turn: waits
+    assert schedule.next_to_take() is None
+    schedule.arrived(1, 0, "fragment 0")
+    assert schedule.next_to_take() == "fragment 0"
+    assert schedule.next_to_take() is None, "fragment 1 waits until fragment 0's updates are done"
+    schedule.trained(1, "w1")
+    assert schedule.next_grant(1) == (2, 1, "w1")
+    assert schedule.next_to_take() == "fragment 1"
+    schedule.trained(1, "w1 again")  # fragment 1 completed no batch: the same version
+    assert schedule.next_grant(3) == (3, 1, "w1 again")
+    assert not schedule.finished
+    assert 0 not in schedule.starts and 1 not in schedule.starts, "each start is handed out once"
+
+
+def test_a_budget_ends_the_grants_and_finishes_once_its_fragments_are_trained():
+    schedule = FixedSchedule(actor_ids=[0], ahead=0, budget=2)
+    schedule.start(0, "w")
+    for seq in range(2):
+        assert schedule.next_grant(0) is not None
+        schedule.arrived(0, seq, seq)
+        assert schedule.next_to_take() == seq
+        schedule.trained(seq + 1, "w")
+    assert schedule.next_grant(0) is None and schedule.finished
+
+
+def test_a_restarted_actor_ends_the_schedule_and_its_credits_carry_no_weights_after():
+    cfg = load_config("cartpole-ppo", ["balance.schedule=deterministic"])
+    service = LearnerService(build_learner(cfg), cfg)
+    service.hello("actor0-first", Hello(actor=0, slots=2))
+    assert service.schedule is not None and service.grants()[0].weights is not None, "credits carry the weights"
+    service.hello("actor0-restarted", Hello(actor=0, slots=2))
+    assert service.schedule is None and service.reporter.event()["schedule"] == "free"
+    assert all(grant.weights is None for grant in service.grants())
+
+
+def test_a_deterministic_schedule_needs_a_fixed_lag_and_no_diagnostic_delay():
+    with pytest.raises(ConfigError, match="fixes the lag"):
+        load_config("cartpole-appo", ["balance.schedule=deterministic", "balance.max_policy_lag=auto"])
+    with pytest.raises(ConfigError, match="publish_delay must be 0"):
+        load_config("cartpole-appo", ["balance.schedule=deterministic", "balance.publish_delay=2"])
+
+
+# ---------------------------------------------------------------- whole runs
+
+
+@pytest.mark.parametrize("preset, steps", [("cartpole-ppo", 16384), ("cartpole-appo", 30000)])
+def test_inline_and_local_launchers_give_the_same_run(tmp_path, preset, steps):
+    inline = deterministic_run(tmp_path, "inline", preset, steps, "inline")
+    local = deterministic_run(tmp_path, "local", preset, steps, "local")
+    assert_same_run(inline, local)
+
+
+def test_dqn_gives_the_same_run_with_its_replay_sampled_from_its_seed(tmp_path):
+    inline = deterministic_run(tmp_path, "inline", "cartpole-dqn", 4096, "inline")
+    local = deterministic_run(tmp_path, "local", "cartpole-dqn", 4096, "local")
+    assert_same_run(inline, local)
+
+
+@pytest.mark.slow
+def test_a_learner_group_under_allreduce_repeats_exactly(tmp_path):
+    group = ("topology.learners=2", "topology.actors=2")
+    first = deterministic_run(tmp_path, "first", "cartpole-ppo", 16384, "local", *group)
+    second = deterministic_run(tmp_path, "second", "cartpole-ppo", 16384, "local", *group)
+    assert_same_run(first, second)
+
+
+def test_runs_resumed_from_the_same_checkpoint_are_identical_from_there(tmp_path):
+    """A resumed run starts a fresh schedule from the checkpoint (its envs reset from the seed): two
+    resumes of one checkpoint give the same run; the run that was never stopped is another one."""
+    start_dir, _ = deterministic_run(tmp_path, "start", "cartpole-appo", 8192, "local")
+    for name in ("a", "b"):
+        shutil.copytree(start_dir, tmp_path / name)
+    resumed = []
+    for name in ("a", "b"):
+        cfg = load_config(str(tmp_path / name / "config.yaml"), ["stop.max_env_steps=16384"])
+        resumed.append(train(cfg, "local", resume=str(tmp_path / name)))
+    assert_same_run(*resumed)
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["schedule"] == "deterministic"
