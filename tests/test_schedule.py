@@ -7,12 +7,14 @@ import json
 import shutil
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
 from tianji.config import ConfigError, load_config
 from tianji.runtime.balance import FixedSchedule
-from tianji.runtime.roles.build import build_learner
+from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.runtime.roles.service import LearnerService
 from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.shared.protocol import Hello
@@ -138,3 +140,28 @@ def test_runs_resumed_from_the_same_checkpoint_are_identical_from_there(tmp_path
         resumed.append(train(cfg, "local", resume=str(tmp_path / name)))
     assert_same_run(*resumed)
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["schedule"] == "deterministic"
+
+
+class UnseededEnv(gym.Env):
+    """An env whose reset ignores its seed (draws from numpy's global stream)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.random.uniform(-1, 1, 2).astype(np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+def test_an_env_that_ignores_its_seed_is_named_in_a_warning(caplog):
+    overrides = ["balance.schedule=deterministic", "env.id=null", "env.entry_point=test_schedule:UnseededEnv"]
+    cfg = load_config("cartpole-ppo", overrides)
+    with caplog.at_level("WARNING", logger="tianji"):
+        build_actor(cfg, 0).envs.close()
+    assert "starts differently from the same seed" in caplog.text and "UnseededEnv" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tianji"):
+        build_actor(load_config("cartpole-ppo", ["balance.schedule=deterministic"]), 0).envs.close()
+    assert "starts differently" not in caplog.text
