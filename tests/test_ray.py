@@ -384,6 +384,25 @@ def latest_version(run_dir) -> int:
     return int(float(rows[-1]["balance/policy_version"])) if rows else -1
 
 
+def test_a_deterministic_schedule_gives_under_ray_the_run_inline_gives(two_nodes, tmp_path):
+    """Actors on the worker node (fragments as TCP frames, credits carrying their weights) and the learner
+    on the head: the same final weights, statistics and summary as the inline launcher's run."""
+    from test_schedule import assert_same_run, deterministic_run
+
+    inline = deterministic_run(tmp_path, "inline", "cartpole-ppo", 16384, "inline")
+    cfg = cluster_config(
+        two_nodes,
+        tmp_path,
+        "balance.schedule=deterministic",
+        "stop.max_env_steps=16384",
+        "stop.target_return=null",
+        "eval.interval_s=null",
+    )
+    on_ray = train(cfg, "ray", run_dir=str(tmp_path / "ray"))
+    assert on_ray[1]["fragments_over_network"] > 0
+    assert_same_run(inline, on_ray)
+
+
 def test_a_local_ray_instance_runs_the_same_config(tmp_path):
     """No address: a Ray instance for this run only, on loopback; the learner's checkpoint comes back
     to the driver, and the same actors share memory with it. (Last in this module: after a local
@@ -402,22 +421,3 @@ def test_a_local_ray_instance_runs_the_same_config(tmp_path):
     run_dir, summary = train(cfg, "ray")
     assert summary["env_steps"] >= 20000 and summary["fragments_over_network"] == 0
     assert not ray.is_initialized()
-
-
-def test_a_deterministic_schedule_gives_under_ray_the_run_inline_gives(two_nodes, tmp_path):
-    """Actors on the worker node (fragments as TCP frames, credits carrying their weights) and the learner
-    on the head: the same final weights, statistics and summary as the inline launcher's run."""
-    from test_schedule import assert_same_run, deterministic_run
-
-    inline = deterministic_run(tmp_path, "inline", "cartpole-ppo", 16384, "inline")
-    cfg = cluster_config(
-        two_nodes,
-        tmp_path,
-        "balance.schedule=deterministic",
-        "stop.max_env_steps=16384",
-        "stop.target_return=null",
-        "eval.interval_s=null",
-    )
-    on_ray = train(cfg, "ray", run_dir=str(tmp_path / "ray"))
-    assert on_ray[1]["fragments_over_network"] > 0
-    assert_same_run(inline, on_ray)
