@@ -13,10 +13,7 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,7 +23,7 @@ from tianji.envs.make import make_vector_env
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.tools.calibration import available_cores
 
-from common import metric_rows, train_command
+from common import steady_rate
 
 
 def raw_env_rate(cfg, seconds: float) -> float:
@@ -71,19 +68,6 @@ def learner_rate(cfg, seconds: float) -> float:
     return samples / (time.perf_counter() - start)
 
 
-def end_to_end_rate(preset: str, overrides: list[str], seconds: float) -> tuple[float, dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        settings = ["stop.target_return=null", f"stop.max_wall_time_s={seconds + 20}", "logging.interval_s=1"]
-        command = train_command(preset, run_dir, *settings, *overrides)
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = metric_rows(run_dir)
-    rows = rows[:-1]  # the last row is written after the stop
-    steady = [r for r in rows if r["time_s"] >= rows[-1]["time_s"] - seconds]
-    rate = (steady[-1]["env_steps"] - steady[0]["env_steps"]) / (steady[-1]["time_s"] - steady[0]["time_s"])
-    return rate, {key: float(np.mean([r[f"perf/{key}"] for r in steady[1:]])) for key in ("actor_busy", "learner_busy")}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="pong-ppo")
@@ -97,7 +81,7 @@ def main() -> None:
     acting = actor_rate(cfg, args.seconds / 2)
     training = learner_rate(cfg, args.seconds)
     limit = cores / (1 / acting + 1 / training)
-    end_to_end, busy = end_to_end_rate(args.preset, args.overrides, args.seconds)
+    end_to_end, busy = steady_rate(args.preset, args.overrides, args.seconds)
     k, T = cfg.topology.envs_per_actor, cfg.topology.fragment_length
     print(
         f"{args.preset} on {cores} cores ({k} envs per actor, fragments of {T} steps, "
@@ -109,7 +93,7 @@ def main() -> None:
     print(f"  balanced limit on {cores} cores            {limit:>9,.0f} env steps/s")
     print(
         f"  end to end (tianji train, steady)      {end_to_end:>9,.0f} env steps/s "
-        f"(actor busy {busy['actor_busy']:.0%}, learner busy {busy['learner_busy']:.0%})"
+        f"(actor busy {busy['perf/actor_busy']:.0%}, learner busy {busy['perf/learner_busy']:.0%})"
     )
     print(f"  end to end / balanced limit            {end_to_end / limit:>9.2f}")
 

@@ -9,6 +9,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,25 @@ def run_tianji(preset: str, run_dir: Path, seed: int, overrides: list[str], laun
     command = train_command(preset, run_dir, f"seed={seed}", *overrides, launcher=launcher)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((run_dir / "summary.json").read_text())
+
+
+STEADY_KEYS = ("perf/actor_busy", "perf/learner_busy", "balance/lag_mean")
+
+
+def steady_rate(preset: str, overrides: list[str], seconds: float, warmup_s: float = 20.0) -> tuple[float, dict]:
+    """One `tianji train PRESET` command run for `warmup_s + seconds` (no target): its env steps/s over the
+    last `seconds` (start-up excluded), and the means of STEADY_KEYS over them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        settings = ["stop.target_return=null", f"stop.max_wall_time_s={seconds + warmup_s}", "logging.interval_s=1"]
+        command = train_command(preset, run_dir, *settings, *overrides)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows = metric_rows(run_dir)
+    rows = rows[:-1]  # the last row is written after the stop
+    steady = [r for r in rows if r["time_s"] >= rows[-1]["time_s"] - seconds]
+    rate = (steady[-1]["env_steps"] - steady[0]["env_steps"]) / (steady[-1]["time_s"] - steady[0]["time_s"])
+    means = {key: statistics.fmean(r[key] for r in steady[1:] if r.get(key) is not None) for key in STEADY_KEYS}
+    return rate, means
 
 
 def finished(run_dir: Path) -> bool:

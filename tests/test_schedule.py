@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from tianji.cli import main
 from tianji.config import ConfigError, load_config
 from tianji.runtime.balance import FixedSchedule
 from tianji.runtime.roles.build import build_actor, build_learner
@@ -165,3 +166,14 @@ def test_runs_that_differ_are_told_apart_and_a_free_run_is_not_taken_for_a_deter
         run_dir=str(tmp_path / "free"),
     )
     assert any("schedule 'free', not deterministic" in line for line in run_differences(first[0], free_dir))
+
+
+def test_tianji_compare_says_whether_two_runs_are_the_same_run(tmp_path, capsys):
+    first = deterministic_run(tmp_path, "first", "cartpole-ppo", 2048, "inline")
+    again = deterministic_run(tmp_path, "again", "cartpole-ppo", 2048, "inline")
+    other_seed = deterministic_run(tmp_path, "other", "cartpole-ppo", 2048, "inline", "seed=1")
+    assert main(["compare", str(first[0]), str(again[0])]) == 0
+    assert "the same run" in capsys.readouterr().out
+    assert main(["compare", str(first[0]), str(other_seed[0])]) == 1
+    out = capsys.readouterr().out
+    assert "final weights" in out and out.rstrip().endswith("differ")

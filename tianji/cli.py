@@ -124,6 +124,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Atari: the game's own screen in colour (default), or the frames the agent sees",
     )
 
+    compare = sub.add_parser(
+        "compare",
+        help="balance.schedule deterministic: whether two runs are the same run (weights, every update's "
+        "statistics, the summary but for times); exit 1 and each difference when not",
+    )
+    compare.add_argument("run_dirs", nargs=2, metavar="RUN_DIR", help="two run directories")
+
     _add_sweep_parser(sub)
     sub.add_parser("presets", help="list the bundled presets")
     return parser
@@ -448,6 +455,17 @@ def _sweep(args: argparse.Namespace) -> int:
     return {"done": 0, "time": 3}.get(outcome, 130)  # scripts can tell a finished sweep from a stopped one
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from tianji.tools.replay import run_differences
+
+    first, second = (Path(run) for run in args.run_dirs)
+    differences = run_differences(first, second)
+    for line in differences:
+        print(line)
+    print(f"{first} and {second}: {'differ' if differences else 'the same run'}")
+    return 1 if differences else 0
+
+
 def _resolve_config(args: argparse.Namespace):
     from tianji.config import ConfigError, apply_overrides, build_config, load_config
 
@@ -537,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plot(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "compare":
+            return _compare(args)
         return _plan(args) if args.command == "plan" else _train(args)
     except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
