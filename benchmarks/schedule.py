@@ -2,11 +2,15 @@
 asynchronous schedule, side by side on the same cores.
 
     python benchmarks/schedule.py [--presets pong-appo cartpole-ppo] [--pairs 3] [--seconds 60 15]
+                                  [--repeats 5] [--repeat-preset cartpole-ppo]
 
 Each pair runs the preset free, then deterministic, one command at a time (A B A B ...); a run's rate is
 its env steps/s over its last SECONDS (start-up excluded), with the actors' and the learner's busy
 shares and the mean policy lag over the same window. Per preset: every pair's ratio deterministic / free
-and their median. Results: benchmarks/results/schedule.{md,json}.
+and their median. Then what a comparison gains: the repeat preset run to its target REPEATS times with
+one seed under each schedule, alternating; the spread of its env steps to the target is what timing
+alone adds to a free run (a deterministic one repeats to the step). `--pairs 0` or `--repeats 0` skips
+a part and keeps its earlier results. Results: benchmarks/results/schedule.{md,json}.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
-from common import machine, steady_rate
+from common import machine, run_tianji, steady_rate
 
 RESULTS = Path(__file__).parent / "results"
 SCHEDULES = ("free", "deterministic")
@@ -36,6 +41,37 @@ def measure(preset: str, pairs: int, seconds: float, overrides: list[str]) -> li
                 flush=True,
             )
     return rows
+
+
+def repeat(preset: str, repeats: int, overrides: list[str]) -> list[dict]:
+    """The preset to its target `repeats` times with seed 0 under each schedule, alternating: one row per run."""
+    rows = []
+    for attempt in range(repeats):
+        for schedule in SCHEDULES:
+            with tempfile.TemporaryDirectory() as tmp:
+                summary = run_tianji(preset, Path(tmp) / "run", 0, [f"balance.schedule={schedule}", *overrides])
+            row = {key: summary[key] for key in ("target_reached", "env_steps_to_target", "time_to_target_s")}
+            rows.append({"preset": preset, "attempt": attempt, "schedule": schedule, **row})
+            print(f"{preset} seed 0 {schedule:>13}: {row}", flush=True)
+    return rows
+
+
+def repeats_markdown(rows: list[dict]) -> str:
+    lines = [
+        "| preset | schedule | runs of seed 0 | env steps to target (each run) | spread (max / min)"
+        " | seconds (median) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for schedule in SCHEDULES:
+        mine = [r for r in rows if r["schedule"] == schedule and r["target_reached"]]
+        if not mine:
+            continue
+        steps = [r["env_steps_to_target"] for r in mine]
+        lines.append(
+            f"| {mine[0]['preset']} | {schedule} | {len(mine)} | {', '.join(f'{s:,}' for s in steps)}"
+            f" | {max(steps) / min(steps):.2f} | {statistics.median(r['time_to_target_s'] for r in mine):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def ratios(rows: list[dict], preset: str) -> list[float]:
@@ -85,17 +121,28 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["pong-appo", "cartpole-ppo"])
     parser.add_argument("--pairs", type=int, default=3, help="free/deterministic pairs per preset")
     parser.add_argument("--seconds", type=float, nargs="+", default=[60.0, 15.0], help="window per preset, in order")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of seed 0 to the target under each schedule")
+    parser.add_argument("--repeat-preset", default="cartpole-ppo")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     parser.add_argument("--out", default=str(RESULTS / "schedule"), help="results path without suffix")
     args = parser.parse_args()
     if len(args.seconds) != len(args.presets):
         parser.error(f"--seconds needs one window per preset ({len(args.presets)}), got {len(args.seconds)}")
-    seconds = dict(zip(args.presets, args.seconds, strict=True))
-    rows = [row for preset in args.presets for row in measure(preset, args.pairs, seconds[preset], args.overrides)]
-    table = markdown(rows, args.presets, seconds)
     out = Path(args.out)
+    earlier = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    seconds = dict(zip(args.presets, args.seconds, strict=True))
+    pairs = [row for preset in args.presets for row in measure(preset, args.pairs, seconds[preset], args.overrides)]
+    results = {
+        "pairs": pairs if args.pairs else earlier.get("pairs", []),
+        "seconds": seconds if args.pairs else earlier.get("seconds", {}),
+        "repeats": repeat(args.repeat_preset, args.repeats, args.overrides) if args.repeats else [],
+    }
+    results["repeats"] = results["repeats"] or earlier.get("repeats", [])
+    presets = list(results["seconds"])
+    table = markdown(results["pairs"], presets, results["seconds"]) if results["pairs"] else ""
+    table += "\n" + repeats_markdown(results["repeats"]) if results["repeats"] else ""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text(table)
     print(table)
 

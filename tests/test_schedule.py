@@ -14,11 +14,15 @@ import pytest
 from tianji.cli import main
 from tianji.config import ConfigError, load_config
 from tianji.runtime.balance import FixedSchedule
+from tianji.runtime.driver.ordered import ScheduledEpisodes
 from tianji.runtime.roles.build import build_actor, build_learner
 from tianji.runtime.roles.service import LearnerService
 from tianji.runtime.shared.protocol import Hello
 from tianji.tools.replay import run_differences
 from tianji.tools.train import train
+
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+LAUNCHERS = ("inline", "local")
 
 
 def deterministic_run(tmp_path: Path, name: str, preset: str, steps: int, launcher: str, *overrides: str):
@@ -84,6 +88,27 @@ def test_a_restarted_actor_ends_the_schedule_and_its_credits_carry_no_weights_af
     assert all(grant.weights is None for grant in service.grants())
 
 
+def test_episodes_are_settled_in_the_schedules_order_whatever_order_the_actors_report_in():
+    order = ScheduledEpisodes(actors=2, window=2)  # fragments of 100 env steps: 0 of actor 0, 0 of 1, 1 of 0, ...
+    assert list(order.report(1, 1, 100, [(10.0, 5)], [0])) == [], "actor 1's k=0 waits for actor 0's k=0"
+    settled = list(order.report(0, 2, 200, [(2.0, 5), (4.0, 5)], [0, 1]))
+    assert settled == [(None, 100), (6.0, 200), (7.0, 300)], "in order: actor 0's k=0, actor 1's k=0, actor 0's k=1"
+    assert list(order.report(0, 1, 100, [(8.0, 5)], [2])) == [], "actor 0's k=2 waits for actor 1's k=1"
+    assert list(order.report(1, 1, 100, [], [])) == [(6.0, 500)]
+    assert order.all_episodes_mean() == 6.0
+
+
+def test_a_target_is_reached_at_the_same_env_step_in_every_run(tmp_path):
+    """The training mean judged in the schedule's order: inline and local runs reach the target at the
+    same env step with the same mean, a whole number of fragments into the schedule."""
+    runs = [deterministic_run(tmp_path, run, "cartpole-ppo", 200000, run, "stop.target_return=60") for run in LAUNCHERS]
+    summaries = [summary for _, summary in runs]
+    assert all(s["target_reached"] and s["schedule"] == "deterministic" for s in summaries), summaries
+    assert len({(s["env_steps_to_target"], s["return_at_target"]) for s in summaries}) == 1, summaries
+    cfg = load_config("cartpole-ppo")
+    assert summaries[0]["env_steps_to_target"] % (cfg.topology.envs_per_actor * cfg.topology.fragment_length) == 0
+
+
 def test_a_deterministic_schedule_needs_a_fixed_lag_and_no_diagnostic_delay():
     with pytest.raises(ConfigError, match="fixes the lag"):
         load_config("cartpole-appo", ["balance.schedule=deterministic", "balance.max_policy_lag=auto"])
@@ -104,6 +129,15 @@ def test_inline_and_local_launchers_give_the_same_run(tmp_path, preset, steps):
 def test_dqn_gives_the_same_run_with_its_replay_sampled_from_its_seed(tmp_path):
     inline = deterministic_run(tmp_path, "inline", "cartpole-dqn", 4096, "inline")
     local = deterministic_run(tmp_path, "local", "cartpole-dqn", 4096, "local")
+    assert_same_run(inline, local)
+
+
+@pytest.mark.parametrize("preset", ["mpe-spread-mappo", "smax-3m-qmix"])
+def test_multiagent_runs_repeat_under_both_launchers(tmp_path, preset):
+    """MAPPO and QMIX on PettingZoo's MPE spread (small fragments): the same run inline and local."""
+    small = (f"env.id={SPREAD}", "topology.envs_per_actor=4", "topology.fragment_length=10", "stop.target_metric=train")
+    inline = deterministic_run(tmp_path, "inline", preset, 3000, "inline", *small)
+    local = deterministic_run(tmp_path, "local", preset, 3000, "local", *small)
     assert_same_run(inline, local)
 
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from tianji.config import Config
 from tianji.runtime.balance import lag_summary
+from tianji.runtime.driver.ordered import ScheduledEpisodes
 from tianji.runtime.driver.stop import StopConditions
 from tianji.runtime.driver.writers import ConsoleLine, RowWriter
 from tianji.runtime.shared.checkpoint import describe_os_error
@@ -73,7 +74,8 @@ class Monitor:
         # whether it has trained its share of stop.max_env_steps (then the run ends at the same weights)
         self.schedules: dict[int, str] = dict.fromkeys(range(self.learners), cfg.balance.schedule)
         self.schedule_done = dict.fromkeys(range(self.learners), False)
-        self.scheduled_episodes: list[tuple[int, int, int, Any]] = []  # (fragment seq, actor, arrival, episode)
+        # deterministic: episodes in the schedule's order, so the training mean and its target are the run's own
+        self.ordered = ScheduledEpisodes(cfg.topology.actor_count, WINDOW) if cfg.balance.deterministic else None
         self.measured: dict[str, dict[str, float]] = {}  # role -> costs it measured at start
         self.eval_return: float | None = r.get("eval_return")
         self.eval_win_rate: float | None = r.get("eval_win_rate")
@@ -117,9 +119,17 @@ class Monitor:
 
     def _on_actor(self, e: ActorEvent) -> None:
         self.env_steps += int(e.get("env_steps", 0))
-        if self.cfg.balance.deterministic:  # their order in the schedule, whatever order events came in
-            for episode, seq in zip(e.get("episodes", []), e.get("episode_fragments", []), strict=False):
-                self.scheduled_episodes.append((int(seq), int(e.get("id", 0)), len(self.scheduled_episodes), episode))
+        if self.ordered is not None:  # their order in the schedule, whatever order events came in
+            settled = self.ordered.report(
+                int(e.get("id", 0)),
+                int(_number(e, "fragments")),
+                int(e.get("env_steps", 0)),
+                e.get("episodes", []),
+                e.get("episode_fragments", []),
+            )
+            for mean, env_steps in settled:
+                if self._target_in_schedule_order():
+                    self.stop.observe(mean, self.elapsed(), env_steps)
         for key in ACTOR_COUNTERS:
             if key != "env_steps":  # counted above
                 self.totals[ACTOR_TOTALS.get(key, key)] += _number(e, key)
@@ -178,11 +188,6 @@ class Monitor:
         self.totals["eval_rounds"] += 1
         self._check_target()
 
-    def _scheduled_return_mean(self) -> float | None:
-        """The last WINDOW episodes in the schedule's order (fragment, actor), not in the order events came."""
-        ordered = sorted(self.scheduled_episodes, key=lambda item: item[:3])[-WINDOW:]
-        return sum(float(item[3][0]) for item in ordered) / len(ordered) if ordered else None
-
     def return_mean(self) -> float | None:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
@@ -194,8 +199,14 @@ class Monitor:
             return self.eval_win_rate
         return self.return_mean() if len(self.returns) >= WINDOW else None
 
+    def _target_in_schedule_order(self) -> bool:
+        """A training-mean target under a deterministic schedule (kept so far) is judged on the episodes
+        in the schedule's order, each counted at the schedule's env steps: the same in every run."""
+        return self.ordered is not None and self.cfg.stop.target_metric == "train" and self.schedule == "deterministic"
+
     def _check_target(self) -> None:
-        self.stop.observe(self.target_value(), self.elapsed(), self.env_steps)
+        if not self._target_in_schedule_order():
+            self.stop.observe(self.target_value(), self.elapsed(), self.env_steps)
 
     def stop_reason(self) -> str | None:
         return self.stop.reason(self._steps_toward_stop(), self.elapsed())
@@ -298,7 +309,8 @@ class Monitor:
 
     # ------------------------------------------------------------ summary / state
     def summary(self, stop_reason: str) -> dict[str, Any]:
-        mean = self.return_mean() if self.schedule != "deterministic" else self._scheduled_return_mean()
+        in_order = self.ordered is not None and self.schedule == "deterministic"  # else: the order events came in
+        mean = self.ordered.all_episodes_mean() if in_order and self.ordered is not None else self.return_mean()
         metric = {
             "train": "env/return_mean100 (mean return of the last 100 training episodes)",
             "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
