@@ -46,8 +46,12 @@ def steady_rate(preset: str, overrides: list[str], seconds: float, warmup_s: flo
     rows = rows[:-1]  # the last row is written after the stop
     steady = [r for r in rows if r["time_s"] >= rows[-1]["time_s"] - seconds]
     rate = (steady[-1]["env_steps"] - steady[0]["env_steps"]) / (steady[-1]["time_s"] - steady[0]["time_s"])
-    means = {key: statistics.fmean(r[key] for r in steady[1:] if r.get(key) is not None) for key in STEADY_KEYS}
+    means = {key: statistics.fmean(r[key] for r in steady[1:] if _finite(r.get(key))) for key in STEADY_KEYS}
     return rate, means
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and value == value and abs(value) != float("inf")
 
 
 def finished(run_dir: Path) -> bool:

@@ -163,6 +163,20 @@ def test_service_publishes_weights_delayed_by_publish_delay():
     assert [version for version, _ in varied] == list(range(1, 61))  # the newest version: actors take them all
 
 
+def test_a_fragment_delivered_again_by_its_actor_is_refused_and_counted_never_trained_twice():
+    cfg = build_config({"name": "t", "algo": {"name": "ppo"}, "balance": {"max_policy_lag": 8}})
+    learner = Learner(FakeAlgoLearner(batch_fragments=4), max_policy_lag=8)
+    service = LearnerService(learner, cfg)
+    actor = make_actor()
+    first, second = actor.collect(), actor.collect()
+    for fragment in (first, second, first):  # the first again: a replayed notice, a copied slot
+        service.take(b"link-a", 0, fragment, in_slot=False)
+    assert learner.fragments_consumed == 2 and service.reporter.event()["fragments_repeated"] == 1
+    restarted = make_actor()  # a new process on a new link: it numbers its fragments from 0 again
+    service.take(b"link-b", 0, restarted.collect(), in_slot=False)
+    assert learner.fragments_consumed == 3
+
+
 class MeasuredAlgoLearner(FakeAlgoLearner):
     """Reports the importance weights' effective sample size, as the policy-gradient algorithms do."""
 

@@ -345,6 +345,7 @@ class Monitor:
             "dropped_lag_histogram": {str(k): v for k, v in sorted(self.dropped_lag_hist.items())},
             "bad_messages": int(self.totals["bad_messages"]),
             "stale_notices": int(self.totals["stale_notices"]),
+            "fragments_repeated": int(self.totals["fragments_repeated"]),  # refused: none is trained twice
             "refused_peers": int(self.totals["refused_peers"]),
             "fragments_over_network": int(self.totals["fragments_in_frames"]),  # the rest came through shared memory
             "link_resyncs": int(self.totals["link_resyncs"]),  # links that came back after a cut

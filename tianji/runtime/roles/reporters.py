@@ -48,6 +48,7 @@ class LearnerReporter:
         self.wait_s = 0.0
         self.bad_messages = 0
         self.stale_notices = 0  # from an earlier learner incarnation or a replaced actor: ignored
+        self.fragments_repeated = 0  # delivered again by the same actor: refused
         self.refused_peers = 0  # TCP handshakes refused: peers without the run's key (cumulative)
         self.fragments_in_frames = 0  # arrays that came over the network rather than through shared memory
         self.schedule = "free"  # balance.schedule in force (the service's)
@@ -67,6 +68,7 @@ class LearnerReporter:
             "wait_s": self.wait_s,
             "bad_messages": self.bad_messages,
             "stale_notices": self.stale_notices,
+            "fragments_repeated": self.fragments_repeated,
             "refused_peers": self.refused_peers,
             "fragments_in_frames": self.fragments_in_frames,
             "credits_granted": self.credits.granted if self.credits is not None else 0,

@@ -95,6 +95,7 @@ class LearnerService(Generic[PeerT]):
         self.trains_in_slot = cfg.balance.backpressure
         self._holds = bool(getattr(learner.algo, "holds_fragments", False))
         self._trained_in_slot: list[tuple[PeerT, int]] = []
+        self._newest_seq: dict[tuple[PeerT, int], int] = {}  # (actor's link, actor) -> newest fragment taken
         self.published = learner.version
         self.published_weights = learner.weights()
         # balance.publish_delay: the weights of the last updates, the oldest published (a diagnosis of data age)
@@ -159,7 +160,13 @@ class LearnerService(Generic[PeerT]):
     def take(self, peer: PeerT, slot: int, fragment: Fragment, in_slot: bool) -> None:
         """Hand the learner a noticed fragment. `in_slot`: its arrays are views of the sender's slot,
         which then stays the learner's until the update that trains on it returns. Under a deterministic
-        schedule it waits for its turn."""
+        schedule it waits for its turn. A fragment the same actor delivered before is refused and counted:
+        an actor numbers its fragments in order, and none is trained twice."""
+        if fragment.seq <= self._newest_seq.get((peer, fragment.actor_id), -1):
+            self.reporter.fragments_repeated += 1
+            self.credits.release(peer, slot)
+            return
+        self._newest_seq[peer, fragment.actor_id] = fragment.seq
         if self.schedule is None:
             self._take_now(peer, slot, fragment, in_slot)
             return

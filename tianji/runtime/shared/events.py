@@ -35,6 +35,7 @@ class LearnerCounters(TypedDict):
     wait_s: float
     bad_messages: int
     stale_notices: int  # from an earlier learner incarnation or a replaced actor: ignored
+    fragments_repeated: int  # a fragment an actor had already delivered, come again: never trained twice
     refused_peers: int  # TCP handshakes refused: peers without the run's key
     fragments_in_frames: int  # arrays that came over the network rather than through shared memory
     link_resyncs: int  # links that came back after a cut (each says hello again with what it holds)

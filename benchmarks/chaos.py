@@ -1,0 +1,367 @@
+"""Chaos: a run under random faults, and what it cost.
+
+    python benchmarks/chaos.py [--preset pong-appo] [--seed 0] [--minutes 90] [--every 120 300]
+                               [--faults kill-actor kill-learner stop-role kill-evaluator full-disk]
+                               [--stop-s 10 30] [--disk-s 30] [--baseline RUN_DIR] [--run-dir DIR] [--set k=v]
+
+Trains the preset (to its target, capped at --minutes) while a schedule seeded by --seed injects one
+fault every --every seconds (uniform between the two), one at a time:
+
+- kill-actor, kill-learner, kill-evaluator: SIGKILL of that role's process (roles.json names them);
+- stop-role: SIGSTOP of a random role for --stop-s seconds (uniform), then SIGCONT;
+- full-disk: every process of the run may grow no file (RLIMIT_FSIZE, as a full disk answers EFBIG)
+  for --disk-s seconds: checkpoints and metric rows fail to be written.
+
+After each fault it waits until the run is whole again (a killed role replaced by a live process, and
+the learner's policy version past where it was when the fault came) before the next is drawn. At the
+end: the target reached, the time to it against an undisturbed run of the same seed (--baseline, a
+finished run directory), fragments refused as delivered twice, fragments trained over the lag bound,
+checkpoint sets that fail verification, processes and shared-memory files left after exit, and
+whether the policy version ever went backwards other than to a verified set after a learner fault.
+Results: benchmarks/results/chaos.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tianji.config import load_config
+from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets, set_damage
+from tianji.runtime.transport.shm import shm_root
+
+from common import machine, summary_of, train_command
+
+RESULTS = Path(__file__).parent / "results"
+FAULTS = ("kill-actor", "kill-learner", "stop-role", "kill-evaluator", "full-disk")
+WHOLE_TIMEOUT_S = 600.0  # a run not whole again by then is reported so, and the next fault comes anyway
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float  # seconds into the run when it was injected
+    role: str = ""
+    lasted_s: float = 0.0  # a stop or a full disk: how long it was held
+    version_before: int = -1
+    set_version: int | None = None  # kill-learner: the newest verified set's version when it came
+    whole_after_s: float | None = None  # from the fault's end until the run was whole again; None: never
+    ended_first: bool = False  # the run ended (target or cap) before it was whole again
+
+
+@dataclass
+class ChaosSettings:
+    every_s: tuple[float, float] = (120.0, 300.0)
+    faults: tuple[str, ...] = FAULTS
+    stop_s: tuple[float, float] = (10.0, 30.0)
+    disk_s: float = 30.0
+    seed: int = 0
+    quiet_end_s: float = 60.0  # no fault drawn this close to the run's cap: its recovery could not be seen
+
+
+@dataclass
+class Chaos:
+    """One run under faults: the train command in the background, the faults injected one at a time."""
+
+    run_dir: Path
+    command: list[str]
+    settings: ChaosSettings
+    cap_s: float
+    faults: list[Fault] = field(default_factory=list)
+    pids_seen: set[int] = field(default_factory=set)
+    _tree_noted_at: float = 0.0
+
+    def run(self) -> int:
+        rng = random.Random(self.settings.seed)
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.started = time.time()
+        try:
+            quiet_from = self.started + self.cap_s - self.settings.quiet_end_s
+            while self._sleep_until(time.time() + rng.uniform(*self.settings.every_s)) and time.time() < quiet_from:
+                kind = rng.choice([k for k in self.settings.faults if self._can_inject(k)] or ["none"])
+                if kind != "none":
+                    self.faults.append(self._inject(kind, rng))
+        finally:
+            self.process.wait(timeout=self.cap_s + 300)  # the run's own cap ends it, faults or not
+        return self.process.returncode
+
+    # ------------------------------------------------------------ the run as it goes
+    def _sleep_until(self, when: float) -> bool:
+        """Wait until `when` while the run goes on; False once it has ended."""
+        while time.time() < when:
+            if self.process.poll() is not None:
+                return False
+            self._note_roles()
+            time.sleep(0.2)
+        return self.process.poll() is None
+
+    def _roles(self) -> dict[str, int]:
+        with contextlib.suppress(OSError, ValueError):
+            return {name: int(pid) for name, pid in json.loads((self.run_dir / "roles.json").read_text()).items()}
+        return {}
+
+    def _note_roles(self) -> None:
+        """Every process of the run seen so far (roles, and every other process below the command's)."""
+        self.pids_seen.update(self._roles().values())
+        if time.time() - self._tree_noted_at >= 2.0:
+            self.pids_seen.update(process_tree(self.process.pid)[1:])
+            self._tree_noted_at = time.time()
+
+    def _version(self) -> int:
+        """The learner's policy version in the newest metrics row (-1 before the first)."""
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+            last = (self.run_dir / "metrics.jsonl").read_text().splitlines()[-1]
+            return int(json.loads(last)["balance/policy_version"])
+        return -1
+
+    def _can_inject(self, kind: str) -> bool:
+        roles = self._roles()
+        return {
+            "kill-actor": any(name.startswith("actor") for name in roles),
+            "kill-learner": any(name.startswith("learner") for name in roles),
+            "kill-evaluator": "evaluator" in roles,
+            "stop-role": bool(roles),
+            "full-disk": True,
+        }[kind]
+
+    # ------------------------------------------------------------ faults
+    def _inject(self, kind: str, rng: random.Random) -> Fault:
+        roles = self._roles()
+        fault = Fault(kind, round(time.time() - self.started, 1), version_before=self._version())
+        if kind.startswith("kill-"):
+            prefix = kind.removeprefix("kill-")
+            fault.role = rng.choice(sorted(name for name in roles if name.startswith(prefix)))
+            if kind == "kill-learner":
+                fault.set_version = newest_set_version(self.run_dir)
+            _signal(roles[fault.role], signal.SIGKILL)
+        elif kind == "stop-role":
+            fault.role = rng.choice(sorted(roles))
+            fault.lasted_s = round(rng.uniform(*self.settings.stop_s), 1)
+            _signal(roles[fault.role], signal.SIGSTOP)
+            self._hold(fault.lasted_s)
+            _signal(roles[fault.role], signal.SIGCONT)
+        else:
+            fault.lasted_s = self.settings.disk_s
+            limit_file_size(self.process.pid, 0)
+            self._hold(fault.lasted_s)
+            limit_file_size(self.process.pid, resource.RLIM_INFINITY)
+        fault.whole_after_s = self._wait_whole(fault, roles)
+        fault.ended_first = fault.whole_after_s is None and self.process.poll() is not None
+        print(f"{fault.at_s:8.1f} s  {kind:<14} {fault.role:<10} whole again after {fault.whole_after_s} s", flush=True)
+        return fault
+
+    def _hold(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while time.time() < end and self.process.poll() is None:
+            self._note_roles()
+            time.sleep(0.2)
+
+    def _wait_whole(self, fault: Fault, roles_before: dict[str, int]) -> float | None:
+        """Seconds until every role is alive (a killed one replaced) and the policy version is past where it
+        was when the fault came; None when the run ended or the timeout passed first."""
+        start = time.time()
+        while time.time() - start < WHOLE_TIMEOUT_S and self.process.poll() is None:
+            roles = self._roles()
+            self.pids_seen.update(roles.values())
+            replaced = not fault.kind.startswith("kill-") or roles.get(fault.role, -1) != roles_before[fault.role]
+            if replaced and all(_alive(pid) for pid in roles.values()) and self._version() > fault.version_before:
+                return round(time.time() - start, 1)
+            time.sleep(0.2)
+        return None
+
+
+# ---------------------------------------------------------------- process and file helpers
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, of in parents.items() if of == parent]
+    return tree
+
+
+def limit_file_size(pid: int, limit: int) -> None:
+    """RLIMIT_FSIZE of every process of the run: 0, and each write fails with EFBIG as on a full disk."""
+    for process in process_tree(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
+            resource.prlimit(process, resource.RLIMIT_FSIZE, (limit, hard))
+
+
+def newest_set_version(run_dir: Path) -> int | None:
+    with contextlib.suppress(CheckpointError, OSError, ValueError):
+        good = CheckpointSets(run_dir / "checkpoints").find_good()
+        return None if good is None else good.policy_version
+    return None
+
+
+def leftovers(driver_pid: int) -> list[str]:
+    """Sockets and shared-memory files of the run still there after it ended."""
+    folders = (shm_root(), Path(tempfile.gettempdir()))
+    return sorted(str(p) for folder in folders for p in folder.glob(f"tianji-*p{driver_pid}-*"))
+
+
+def damaged_sets(run_dir: Path) -> list[str]:
+    sets = sorted((run_dir / "checkpoints").glob("set-*"))
+    return [f"{path.name}: {damage}" for path in sets if (damage := set_damage(path)) is not None]
+
+
+def versions_logged(run_dir: Path) -> list[tuple[float, int]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return [(r["time_s"], int(r["balance/policy_version"])) for r in rows]
+
+
+def backward_steps(versions: list[tuple[float, int]], faults: list[Fault]) -> list[str]:
+    """Every drop of the policy version not explained by a learner fault that restarted from a verified set
+    (the version after the drop at least that set's version)."""
+    kills = [f for f in faults if f.kind == "kill-learner"]
+    found = []
+    for (_, before), (t, after) in zip(versions, versions[1:], strict=False):
+        if after >= before:
+            continue
+        cause = max((f for f in kills if f.at_s <= t), key=lambda f: f.at_s, default=None)
+        if cause is None or cause.set_version is None or after < cause.set_version:
+            found.append(f"at {t:.0f} s: version {before} -> {after}")
+    return found
+
+
+# ---------------------------------------------------------------- the report
+
+
+def report(chaos: Chaos, returncode: int, baseline: Path | None) -> dict:
+    run_dir, summary = chaos.run_dir, summary_of(chaos.run_dir)
+    cfg_bound = load_config(str(run_dir / "config.yaml")).balance.bound_at_start
+    over_bound = sum(n for lag, n in summary.get("policy_lag_histogram", {}).items() if int(lag) > cfg_bound)
+    undisturbed = summary_of(baseline).get("time_to_target_s") if baseline is not None else None
+    to_target = summary.get("time_to_target_s")
+    return {
+        "preset": load_config(str(run_dir / "config.yaml")).name,
+        "seed": chaos.settings.seed,
+        "machine": machine(),
+        "returncode": returncode,
+        "faults": [asdict(f) for f in chaos.faults],
+        "faults_injected": len(chaos.faults),
+        "faults_survived": sum(
+            f.whole_after_s is not None or (f.ended_first and returncode == 0) for f in chaos.faults
+        ),
+        "target_reached": summary.get("target_reached"),
+        "time_to_target_s": to_target,
+        "undisturbed_time_to_target_s": undisturbed,
+        "time_ratio": to_target / undisturbed if to_target and undisturbed else None,
+        "env_steps": summary.get("env_steps"),
+        "fragments_repeated": summary.get("fragments_repeated"),
+        "fragments_over_bound": over_bound,
+        "fragments_lost": summary.get("fragments_lost"),
+        "role_restarts": summary.get("role_restarts"),
+        "learner_restarts": summary.get("learner_restarts"),
+        "checkpoint_write_failures": summary.get("checkpoint_write_failures"),
+        "damaged_sets": damaged_sets(run_dir),
+        "processes_left": sorted(pid for pid in chaos.pids_seen if _alive(pid)),
+        "files_left": leftovers(chaos.process.pid),
+        "version_backwards": backward_steps(versions_logged(run_dir), chaos.faults),
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# Chaos: `{result['preset']}`, seed {result['seed']}",
+        "",
+        f"Machine: {result['machine']}. {result['faults_injected']} faults injected, "
+        f"{result['faults_survived']} survived (the run whole again after each).",
+        "",
+        "| at | fault | role | held | whole again after |",
+        "|---|---|---|---|---|",
+    ]
+    for f in result["faults"]:
+        whole = f"{f['whole_after_s']:.1f} s" if f["whole_after_s"] is not None else "never"
+        whole = "the run ended first" if f["ended_first"] else whole
+        held = f"{f['lasted_s']:.0f} s" if f["lasted_s"] else ""
+        lines.append(f"| {f['at_s'] / 60:.1f} min | {f['kind']} | {f['role']} | {held} | {whole} |")
+    ratio = result["time_ratio"]
+    lines += [
+        "",
+        "| check | result |",
+        "|---|---|",
+        f"| target reached | {'yes' if result['target_reached'] else 'no'} |",
+        f"| time to target | {_minutes(result['time_to_target_s'])} (undisturbed: "
+        f"{_minutes(result['undisturbed_time_to_target_s'])}; ratio {'-' if ratio is None else f'{ratio:.2f}'}, "
+        "goal <= 1.3) |",
+        f"| fragments delivered twice (refused, never trained twice) | {result['fragments_repeated']} |",
+        f"| fragments trained over the lag bound | {result['fragments_over_bound']} |",
+        f"| fragments lost on a cut link | {result['fragments_lost']} |",
+        f"| checkpoint sets that fail verification | {len(result['damaged_sets'])} |",
+        f"| processes left after exit | {len(result['processes_left'])} |",
+        f"| shared-memory and socket files left after exit | {len(result['files_left'])} |",
+        f"| policy version backwards other than to a verified set | {len(result['version_backwards'])} |",
+        f"| role restarts / learner restarts / checkpoint writes failed | {result['role_restarts']} / "
+        f"{result['learner_restarts']} / {result['checkpoint_write_failures']} |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def run_chaos(preset: str, run_dir: Path, settings: ChaosSettings, minutes: float, overrides: list[str]) -> tuple:
+    """Train `preset` under faults; returns (Chaos, the command's exit code)."""
+    settings_list = [f"seed={settings.seed}", f"stop.max_wall_time_s={minutes * 60}", *overrides]
+    chaos = Chaos(run_dir, train_command(preset, run_dir, *settings_list), settings, minutes * 60)
+    return chaos, chaos.run()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="pong-appo")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed and the fault schedule's")
+    parser.add_argument("--minutes", type=float, default=90.0, help="the run's cap")
+    parser.add_argument("--every", type=float, nargs=2, default=[120.0, 300.0], help="seconds between faults")
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    parser.add_argument("--stop-s", type=float, nargs=2, default=[10.0, 30.0], help="how long a role stays stopped")
+    parser.add_argument("--disk-s", type=float, default=30.0, help="how long the disk stays full")
+    parser.add_argument("--baseline", type=Path, help="an undisturbed finished run of the same preset and seed")
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/chaos"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
+    parser.add_argument("--out", default=str(RESULTS / "chaos"), help="results path without suffix")
+    args = parser.parse_args()
+    settings = ChaosSettings(tuple(args.every), tuple(args.faults), tuple(args.stop_s), args.disk_s, args.seed)
+    settings.quiet_end_s = max(args.every)
+    chaos, returncode = run_chaos(args.preset, args.run_dir, settings, args.minutes, args.overrides)
+    result = report(chaos, returncode, args.baseline)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
