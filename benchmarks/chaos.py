@@ -83,7 +83,9 @@ class Chaos:
 
     def run(self) -> int:
         rng = random.Random(self.settings.seed)
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir.with_suffix(".log"), "w") as log:  # the command's output, beside the run
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
         self.started = time.time()
         try:
             quiet_from = self.started + self.cap_s - self.settings.quiet_end_s
@@ -92,7 +94,11 @@ class Chaos:
                 if kind != "none":
                     self.faults.append(self._inject(kind, rng))
         finally:
-            self.process.wait(timeout=self.cap_s + 300)  # the run's own cap ends it, faults or not
+            try:
+                self.process.wait(timeout=self.cap_s + 300)  # the run's own cap ends it, faults or not
+            except subprocess.TimeoutExpired:  # it hung: a failure to report, not a process to leave behind
+                self.process.kill()
+                self.process.wait()
         return self.process.returncode
 
     # ------------------------------------------------------------ the run as it goes
@@ -257,12 +263,18 @@ def backward_steps(versions: list[tuple[float, int]], faults: list[Fault]) -> li
 
 def report(chaos: Chaos, returncode: int, baseline: Path | None) -> dict:
     run_dir, summary = chaos.run_dir, summary_of(chaos.run_dir)
-    cfg_bound = load_config(str(run_dir / "config.yaml")).balance.bound_at_start
-    over_bound = sum(n for lag, n in summary.get("policy_lag_histogram", {}).items() if int(lag) > cfg_bound)
+    cfg = load_config(str(run_dir / "config.yaml"))
+    over_bound = sum(
+        n for lag, n in summary.get("policy_lag_histogram", {}).items() if int(lag) > cfg.balance.bound_at_start
+    )
+    # a killed learner takes the fragments in flight to it along (its restart resumes from the checkpoint
+    # before them anyway): at most every actor's slots each time
+    learner_kills = sum(f.kind == "kill-learner" for f in chaos.faults)
+    in_flight_to_killed = learner_kills * cfg.topology.actor_count * cfg.balance.slots_per_actor
     undisturbed = summary_of(baseline).get("time_to_target_s") if baseline is not None else None
     to_target = summary.get("time_to_target_s")
     return {
-        "preset": load_config(str(run_dir / "config.yaml")).name,
+        "preset": cfg.name,
         "seed": chaos.settings.seed,
         "machine": machine(),
         "returncode": returncode,
@@ -279,6 +291,7 @@ def report(chaos: Chaos, returncode: int, baseline: Path | None) -> dict:
         "fragments_repeated": summary.get("fragments_repeated"),
         "fragments_over_bound": over_bound,
         "fragments_lost": summary.get("fragments_lost"),
+        "fragments_lost_beyond_killed_learners": max(0, (summary.get("fragments_lost") or 0) - in_flight_to_killed),
         "role_restarts": summary.get("role_restarts"),
         "learner_restarts": summary.get("learner_restarts"),
         "checkpoint_write_failures": summary.get("checkpoint_write_failures"),
@@ -315,7 +328,10 @@ def markdown(result: dict) -> str:
         "goal <= 1.3) |",
         f"| fragments delivered twice (refused, never trained twice) | {result['fragments_repeated']} |",
         f"| fragments trained over the lag bound | {result['fragments_over_bound']} |",
-        f"| fragments lost on a cut link | {result['fragments_lost']} |",
+        f"| fragments lost on the way to a killed learner (its restart resumes from before them) | "
+        f"{result['fragments_lost']} |",
+        f"| fragments lost otherwise (beyond every actor's slots at each learner kill) | "
+        f"{result['fragments_lost_beyond_killed_learners']} |",
         f"| checkpoint sets that fail verification | {len(result['damaged_sets'])} |",
         f"| processes left after exit | {len(result['processes_left'])} |",
         f"| shared-memory and socket files left after exit | {len(result['files_left'])} |",

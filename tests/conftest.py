@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -196,5 +197,6 @@ def load_benchmark(monkeypatch, name: str):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while defined
     spec.loader.exec_module(module)
     return module

@@ -28,7 +28,7 @@ def test_a_minute_of_random_faults_costs_nothing_that_counts(monkeypatch, tmp_pa
     assert result["faults_injected"] >= 5 and {f["kind"] for f in result["faults"]} >= {"kill-actor", "kill-learner"}
     assert result["faults_survived"] == result["faults_injected"], result["faults"]
     assert result["fragments_repeated"] == 0 and result["fragments_over_bound"] == 0
-    assert result["fragments_lost"] == 0
+    assert result["fragments_lost_beyond_killed_learners"] == 0
     assert result["damaged_sets"] == [] and result["version_backwards"] == []
     assert result["processes_left"] == [] and result["files_left"] == []
     assert "| fragments trained over the lag bound | 0 |" in chaos.markdown(result)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import resource
+import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from tensorboardX.proto.event_pb2 import Event
 
 from tianji.config import load_config
 from tianji.runtime.driver.writers import ConsoleLine, RowWriter
@@ -123,6 +127,52 @@ def test_csv_widens_when_a_metric_first_appears_late(tmp_path):
     resumed.close()
     rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
     assert len(rows) == 4 and rows[3]["train/lr"] == "0.05"
+
+
+def tensorboard_steps(directory: Path) -> list[tuple[int, set[str]]]:
+    """(step, tags) of every event with a summary in the event files, read record by record."""
+    found = []
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            at += 16 + length
+            if event.HasField("summary"):
+                found.append((event.step, {value.tag for value in event.summary.value}))
+    return found
+
+
+def test_tensorboard_rows_survive_a_full_disk_and_the_run_never_blocks_on_them(tmp_path):
+    """A row that cannot be written raises to the caller (which counts it) and the next one is written to
+    a new event file; nothing waits on a writer thread that died (tensorboardX's did, and the run hung)."""
+    writer = RowWriter(tmp_path, tensorboard=True)
+    row = {"time_s": 1.0, "env_steps": 10, "train/entropy": 1.5, "eval/return_mean": float("nan")}
+    writer.write(row, [1, 2])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    failures = []
+
+    def full_disk_rows():
+        for step in (20, 30, 40):  # more rows than tensorboardX's queue holds would block it
+            try:
+                writer.write({**row, "env_steps": step}, [])
+            except OSError as exc:
+                failures.append(exc)
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))  # every file is past 1 byte: EFBIG, as on a full disk
+    try:
+        thread = threading.Thread(target=full_disk_rows, daemon=True)
+        thread.start()
+        thread.join(10)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not thread.is_alive(), "a row blocked on a full disk"
+    assert len(failures) == 3
+    writer.write({**row, "env_steps": 50}, [3])
+    writer.close()
+    steps = tensorboard_steps(tmp_path / "tensorboard")
+    assert [step for step, _ in steps] == [10, 50]
+    assert steps[0][1] == {"time_s", "train/entropy", "balance/policy_lag"}, "NaN left out, lags as a histogram"
 
 
 def fake_run(run_dir: Path, slope: float) -> Path:

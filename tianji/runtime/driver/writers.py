@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import socket
+import struct
 import sys
+import time
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 import numpy as np
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.record_writer import masked_crc32c
+from tensorboardX.summary import histogram, scalar
 
 
 class RowWriter:
@@ -22,23 +30,14 @@ class RowWriter:
         self._csv_file: TextIO | None = None
         self._csv: csv.DictWriter | None = None
         self.columns: list[str] = _csv_columns(self.csv_path)  # a resumed run appends to its CSV
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=5)
+        self._tb = TensorBoardFile(run_dir / "tensorboard") if tensorboard else None
 
     def write(self, row: dict[str, float], lags: list[int]) -> None:
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
         self._write_csv(row)
         if self._tb is not None:
-            step = int(row["env_steps"])
-            for key, value in row.items():
-                if key not in ("env_steps",) and value == value:  # skip NaN
-                    self._tb.add_scalar(key, value, step)
-            if lags:
-                self._tb.add_histogram("balance/policy_lag", np.asarray(lags), step)
+            self._tb.write(row, lags)
 
     def _write_csv(self, row: dict[str, float]) -> None:
         new = [key for key in row if key not in self.columns]
@@ -70,6 +69,62 @@ class RowWriter:
             self._csv_file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class TensorBoardFile:
+    """TensorBoard's event file, one event per row, written and flushed by the caller's thread: a write
+    that fails (a full disk) raises to the caller like the other files, and the next row starts a new
+    file, since the failed one may end in a torn record. (tensorboardX's SummaryWriter writes from a
+    thread that dies on such an error; the run then blocked on its full queue, for good.)"""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._file: BinaryIO | None = None
+        self._files = 0
+
+    def write(self, row: dict[str, float], lags: list[int]) -> None:
+        values = [scalar(key, value).value[0] for key, value in row.items() if key != "env_steps" and value == value]
+        if lags:
+            edges = np.arange(max(lags) + 2) - 0.5  # one bucket per lag: they are whole numbers of versions
+            values += histogram("balance/policy_lag", np.asarray(lags), edges).value
+        event = Event(wall_time=time.time(), step=int(row["env_steps"]), summary=Summary(value=values))
+        try:
+            self._record(event)
+        except OSError:
+            self.close()
+            raise
+
+    def _record(self, event: Event) -> None:
+        if self._file is None:
+            self._file = self._open()
+        self._file.write(_framed(event))
+        self._file.flush()
+
+    def _open(self) -> BinaryIO:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._files += 1
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{self._files}"
+        handle = open(self.directory / name, "ab")  # noqa: SIM115  (open for the run; closed in close)
+        try:
+            handle.write(_framed(Event(wall_time=time.time(), file_version="brain.Event:2")))
+        except OSError:
+            with contextlib.suppress(OSError):
+                handle.close()
+            raise
+        return handle
+
+    def close(self) -> None:
+        if self._file is not None:
+            handle, self._file = self._file, None
+            with contextlib.suppress(OSError):  # its buffer could not be written out: that file is given up
+                handle.close()
+
+
+def _framed(event: Event) -> bytes:
+    """One TFRecord: length, its CRC, the serialized event, its CRC."""
+    data = event.SerializeToString()
+    header = struct.pack("Q", len(data))
+    return header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data))
 
 
 def _csv_columns(path: Path) -> list[str]:
