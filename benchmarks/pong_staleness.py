@@ -569,7 +569,8 @@ def earlier_results(paths: list[Path], taken: set[str]) -> tuple[list[dict], dic
     for path in paths:
         results = json.loads(path.read_text())
         variants.update(results.get("variants", {}))
-        rows += [r for r in results["runs"] if r["run"] not in taken and r["run"] not in {x["run"] for x in rows}]
+        new = [r for r in results["runs"] if r["run"] not in taken and r["run"] not in {x["run"] for x in rows}]
+        rows += [{"variant": r.get("correction"), **r} for r in new]  # files from before variants named it so
     return rows, variants
 
 

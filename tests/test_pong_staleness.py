@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from conftest import load_benchmark
@@ -51,3 +53,11 @@ def test_two_runs_get_no_verdict(monkeypatch):
     curve = list(np.linspace(-20, 0, 8))
     rows = [run_row(0, "on", s, curve) for s in range(3)] + [run_row(4, "on", s, curve) for s in range(2)]
     assert not any(line.startswith("- bound 4") for line in script.mean_curves(rows, 900_000))
+
+
+def test_results_from_before_variants_join_with_their_correction_as_the_variant(monkeypatch, tmp_path):
+    script = load_benchmark(monkeypatch, "pong_staleness")
+    old = {"runs": [{"run": "lag0-on-s0", "bound": 0, "correction": "on", "seed": 0}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rows, _ = script.earlier_results([tmp_path / "old.json"], taken=set())
+    assert rows[0]["variant"] == "on" and script.is_sync(rows[0])
