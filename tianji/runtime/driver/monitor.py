@@ -309,8 +309,8 @@ class Monitor:
 
     # ------------------------------------------------------------ summary / state
     def summary(self, stop_reason: str) -> dict[str, Any]:
-        in_order = self.ordered is not None and self.schedule == "deterministic"  # else: the order events came in
-        mean = self.ordered.all_episodes_mean() if in_order and self.ordered is not None else self.return_mean()
+        in_order = self.ordered if self.schedule == "deterministic" else None  # else: the order events came in
+        mean = in_order.all_episodes_mean() if in_order is not None else self.return_mean()
         metric = {
             "train": "env/return_mean100 (mean return of the last 100 training episodes)",
             "eval": f"eval/return_mean (greedy, {self.cfg.eval.episodes} episodes per round)",
