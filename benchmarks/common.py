@@ -4,6 +4,7 @@ and metrics."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -51,7 +52,7 @@ def steady_rate(preset: str, overrides: list[str], seconds: float, warmup_s: flo
 
 
 def _finite(value: float | None) -> bool:
-    return value is not None and value == value and abs(value) != float("inf")
+    return value is not None and math.isfinite(value)
 
 
 def finished(run_dir: Path) -> bool:
