@@ -19,7 +19,7 @@ from tianji.runtime.balance import (
 from tianji.runtime.roles.actor import Fragment
 from tianji.runtime.roles.learner import Learner
 
-from conftest import FakeAlgoLearner
+from conftest import FakeAlgoLearner, load_benchmark
 
 
 class FakeClock:
@@ -403,3 +403,30 @@ def test_a_bound_lowered_for_its_data_is_out_of_reach_for_a_while_then_tried_aga
     assert control.bound == 3
     starved = [LagWindow(0.5, 1.0)] * 12
     assert replay(control, starved) == [3] * 8 + [4, 4, 4, 5]  # held for 9 windows, then raised every 3
+
+
+def test_the_balance_benchmark_judges_auto_against_the_best_fixed_median_and_its_own_start(monkeypatch):
+    balance = load_benchmark(monkeypatch, "balance")
+
+    def run(start, mode, seed, minutes):
+        reached = minutes is not None
+        return {
+            "task": "pong", "start": start, "mode": mode, "seed": seed, "reached": reached,
+            "time_to_target_s": minutes * 60 if reached else None, "env_steps_to_target": 8e5 if reached else None,
+            "bound_last": 4 if mode == "auto" else None, "bound_range": [1, 6] if mode == "auto" else None,
+            "machine": "2 cores, test",
+        }  # fmt: skip
+
+    runs = [run("best", "fixed", s, m) for s, m in enumerate((10, 11, 12))]
+    runs += [run("tight", "fixed", s, m) for s, m in enumerate((15, 16, None))]  # a miss counts as over the cap
+    runs += [run("tight", "auto", s, m) for s, m in enumerate((10.5, 11.5, 13))]  # 11.5 / 11: within 10 %
+    runs += [run("loose", "fixed", s, m) for s, m in enumerate((14, 14, 14))]
+    runs += [run("loose", "auto", s, m) for s, m in enumerate((13, 13.5, None))]  # 13.5 / 11: not within
+    table = balance.markdown("pong", runs)
+    assert "- from tight: auto within 10% of the best fixed median (1.05x); below its own fixed median." in table
+    assert "- from loose: auto NOT within 10% of the best fixed median (1.23x); below its own fixed median." in table
+    assert "16.0 min (15.0 min, 16.0 min, >30 min; 2/3 reached)" in table
+    assert "| 4 (1-6) |" in table
+    assert balance.Start("tight", 1, 2, 2).settings("auto") == [
+        "balance.max_policy_lag=auto", "balance.lag_start=1", "topology.actors=2", "balance.max_inflight=2"
+    ]  # fmt: skip
