@@ -149,14 +149,6 @@ def child_pids(pid: int) -> set[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 def wait_for(predicate, seconds: float) -> bool:
     deadline = time.time() + seconds
     while time.time() < deadline:

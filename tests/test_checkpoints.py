@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tianji.config import build_config
+from tianji.runtime.process.life import process_tree
 from tianji.runtime.roles.build import build_learner
 from tianji.runtime.shared.checkpoint import CheckpointSets, set_damage
 from tianji.tools.evaluate import evaluate_run
@@ -265,19 +266,6 @@ class FileSizeLimit:
             with contextlib.suppress(ProcessLookupError):
                 _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
                 resource.prlimit(process, resource.RLIMIT_FSIZE, (soft, hard))
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    tree = [pid]
-    for parent in tree:
-        tree += [child for child, of in parents.items() if of == parent]
-    return tree
 
 
 @pytest.mark.parametrize(  # the same behaviour under two kinds of full disk; the root-only one in the slow tier

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from tianji.config import build_config
+from tianji.runtime.process.life import pid_alive
 from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import shm_root
 from tianji.tools.train import train
 
-from conftest import alive, assert_lag_bounded, child_pids, newest_set, wait_for
+from conftest import assert_lag_bounded, child_pids, newest_set, wait_for
 
 SUMMARY_KEYS = {
     "target_reached",
@@ -113,7 +114,7 @@ def test_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, output
-    assert not [p for p in children if alive(p)], "every child process must end"
+    assert not [p for p in children if pid_alive(p)], "every child process must end"
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert priorities.pop("learner0") == mine
     assert priorities and set(priorities.values()) == {min(mine + 10, 19)}, "actors yield to the learner"

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,12 +18,12 @@ import pytest
 import torch
 import zmq
 
-from tianji.runtime.process.life import sweep_leftovers
+from tianji.runtime.process.life import pid_alive, process_tree, run_leftovers, sweep_leftovers
 from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, shm_root
 from tianji.runtime.transport.wire import WireError, pack_header
 
-from conftest import alive, assert_lag_bounded, newest_set, wait_for
+from conftest import assert_lag_bounded, newest_set, wait_for
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -68,10 +67,6 @@ def checkpoint_version(run_dir: Path) -> int:
         return -1
 
 
-def leftovers_of(driver_pid: int) -> list[Path]:
-    return [p for folder in (shm_root(), Path(tempfile.gettempdir())) for p in folder.glob(f"tianji-*p{driver_pid}-*")]
-
-
 def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
     run_dir = tmp_path / "run"
     process = start_training(
@@ -89,12 +84,12 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
         roles = json.loads((run_dir / "roles.json").read_text())
         os.kill(process.pid, signal.SIGKILL)  # the OOM killer, a scheduler, a closed SSH session
         process.wait(10)
-        gone = wait_for(lambda: not any(alive(pid) for pid in roles.values()), seconds=10)
-        assert gone, f"role processes outlived their driver: {[n for n, p in roles.items() if alive(p)]}"
+        gone = wait_for(lambda: not any(pid_alive(pid) for pid in roles.values()), seconds=10)
+        assert gone, f"role processes outlived their driver: {[n for n, p in roles.items() if pid_alive(p)]}"
     finally:
         if process.poll() is None:
             process.kill()
-    assert leftovers_of(process.pid), "a killed driver cannot clean up: its sockets and slot files stay"
+    assert run_leftovers(process.pid), "a killed driver cannot clean up: its sockets and slot files stay"
 
     saved = json.loads((newest_set(run_dir) / "driver.json").read_text())
     version = load_learner(run_dir / "checkpoints")["version"]
@@ -108,7 +103,7 @@ def test_killed_driver_leaves_no_role_and_resume_continues(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= more and summary["policy_version"] > version
-    assert not leftovers_of(process.pid), "the next `tianji train` removes the dead run's leftovers"
+    assert not run_leftovers(process.pid), "the next `tianji train` removes the dead run's leftovers"
 
 
 def test_killed_learner_restarts_from_its_checkpoint_and_the_run_reaches_its_target(tmp_path):
@@ -152,12 +147,27 @@ def test_sweep_removes_only_files_of_runs_whose_processes_are_gone(tmp_path):
     for path in (mine, orphan, foreign):
         path.write_bytes(b"x")
     try:
+        assert run_leftovers(dead.pid) == [orphan]  # one run's files, found by its driver's pid
         removed = sweep_leftovers()
         assert orphan in removed and not orphan.exists()
         assert mine.exists() and foreign.exists()
     finally:
         for path in (mine, orphan, foreign):
             path.unlink(missing_ok=True)
+
+
+def test_a_process_tree_holds_the_children_of_children_and_a_reaped_one_is_not_alive():
+    grandchild = "import subprocess; subprocess.run(['sh', '-c', 'sleep 30; true'])"
+    parent = subprocess.Popen([sys.executable, "-c", grandchild])
+    try:
+        assert wait_for(lambda: len(process_tree(parent.pid)) == 3, 10), process_tree(parent.pid)  # python, sh, sleep
+        assert process_tree(os.getpid())[0] == os.getpid() and parent.pid in process_tree(os.getpid())
+        assert pid_alive(parent.pid)
+    finally:
+        for pid in reversed(process_tree(parent.pid)):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()
+    assert not pid_alive(parent.pid)
 
 
 def test_driver_survives_a_flood_of_malformed_events_and_logs_a_few(tiny_config, tmp_path, caplog):

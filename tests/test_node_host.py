@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tianji.runtime.process.host import HostError, NodeHost, Zygote
-from tianji.runtime.process.life import _pid_alive
+from tianji.runtime.process.life import pid_alive
 
 
 def wait_exit(host: NodeHost, name: str, timeout_s: float = 20.0) -> int | None:
@@ -30,7 +30,7 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
     """Whether `pid` has exited within `timeout_s` (a zombie its parent has not reaped yet counts as exited)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
     return False

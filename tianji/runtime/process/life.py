@@ -4,6 +4,8 @@ a driver killed with kill -9 could not remove are swept by the next run).
     token = new_token()          # names the run's ipc sockets and slot files, carries the driver's pid
     die_with_parent(driver_pid)  # in a role process: SIGTERM when the driver exits
     sweep_leftovers()            # at a run's start: remove what dead runs left
+    run_leftovers(driver_pid)    # what one run's driver left (what a check after a run looks for)
+    process_tree(pid)            # a process and every process below it
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def new_token() -> str:
 _LEFTOVER = re.compile(r"^tianji-[0-9a-f]+p(\d+)-")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie its parent has not reaped yet has exited)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state not in ("Z", "X")  # a zombie has exited
@@ -46,17 +49,40 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _leftover_folders() -> set[Path]:
+    return {shm_root(), Path(tempfile.gettempdir())}
+
+
+def run_leftovers(driver_pid: int) -> list[Path]:
+    """The ipc sockets and slot files of the run whose driver is (or was) `driver_pid`."""
+    return sorted(path for folder in _leftover_folders() for path in folder.glob(f"tianji-*p{driver_pid}-*"))
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc (Linux)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone while read
+            continue
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, of in parents.items() if of == parent]
+    return tree
+
+
 def sweep_leftovers() -> list[Path]:
     """Remove ipc sockets and slot files of runs whose processes are all gone (a driver killed with
     kill -9 cannot clean up); names carry the driver's pid and, for slot files, the owner's."""
     removed = []
-    for folder in {shm_root(), Path(tempfile.gettempdir())}:
+    for folder in _leftover_folders():
         for path in folder.glob("tianji-*"):
             match = _LEFTOVER.match(path.name)
             if match is None:
                 continue
             pids = [int(match.group(1)), *(int(p) for p in re.findall(r"pid(\d+)", path.name[match.end() :]))]
-            if any(_pid_alive(pid) for pid in pids):
+            if any(pid_alive(pid) for pid in pids):
                 continue
             try:
                 path.unlink()
