@@ -53,7 +53,7 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
         (
             "cartpole-ppo",
             ["algo.epochs=1", "topology.envs_per_actor=4", "topology.fragment_length=16"],
-            {"train/clip_frac"},
+            {"train/clip_frac", "train/rho_ess", "train/behaviour_kl"},  # on the first minibatch step
         ),
         (
             "cartpole-ppo",
@@ -79,7 +79,7 @@ RANGES = {  # what each diagnostic can be: a value outside means it measures som
                 "topology.envs_per_actor=4",
                 "topology.fragment_length=25",
             ],
-            {"train/clip_frac"},
+            {"train/clip_frac", "train/rho_ess", "train/behaviour_kl"},
         ),
         (
             "catch-impala",

@@ -48,12 +48,14 @@ def fragment(policy: PPOPolicy, rng: np.random.Generator, proximal: bool = True)
     return {**arrays, **policy.finish_fragment(arrays, last_obs)}
 
 
-def lagged_learner(lag: int, lr: float = 3e-4, seed: int = 0) -> tuple[PPOLearner, PPOPolicy, np.random.Generator]:
+def lagged_learner(
+    lag: int, lr: float = 3e-4, seed: int = 0, correction: bool = True
+) -> tuple[PPOLearner, PPOPolicy, np.random.Generator]:
     """A learner `lag` versions past the behaviour policy (each version one update of 4 x 4 steps on
     its own fresh batch), and that behaviour policy."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    cfg = PPOConfig(lr=lr, clip=0.1, entropy_coef=0.0, value_coef=0.5, hidden=[64, 64], stale_correction=True)
+    cfg = PPOConfig(lr=lr, clip=0.1, entropy_coef=0.0, value_coef=0.5, hidden=[64, 64], stale_correction=correction)
     learner = PPOLearner(cfg, OBS, ACTIONS)
     behaviour = PPOPolicy(cfg, OBS, ACTIONS, Placement())
     behaviour.load_weights(learner.weights())
@@ -117,6 +119,20 @@ def test_a_fresh_batch_is_plain_ppo():
     assert stats["rho_mean"] == pytest.approx(1.0, abs=1e-5)
     assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
     assert stats["rho_ess"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_plain_ppo_measures_the_datas_age_on_its_first_minibatch_step():
+    """Without the correction nothing evaluates the batch before training; the update's first step does:
+    the effective sample size the balance's lag controller reads is 1 for fresh data, lower for data 4
+    versions old, and close to what the correction's full pass measures on the same batch."""
+    ess = {}
+    for lag in (0, 4):
+        learner, behaviour, rng = lagged_learner(lag, correction=False)
+        learner.add(fragment(behaviour, rng))
+        ess[lag] = learner.update()["rho_ess"]
+    assert ess[0] == pytest.approx(1.0, abs=1e-5)
+    corrected = first_step_gradients(lag=4)["ess"]  # the same behaviour policy and learner, the whole batch
+    assert 0.5 < ess[4] < 0.99 and ess[4] == pytest.approx(corrected, abs=0.05), (ess, corrected)
 
 
 def test_proximal_values_are_the_learners_own():
@@ -253,6 +269,18 @@ def test_the_mappo_learner_feeds_the_fragments_behaviour_log_probs_into_the_loss
     rho = np.exp(expected_prox.numpy().reshape(-1) - batch["logp"].reshape(-1))
     np.testing.assert_allclose(np.sort(call["weights"].numpy()), np.sort(np.minimum(rho, 2.0)), rtol=1e-4, atol=1e-6)
     assert_clipped_as_anchored(call["bounds"], rho, cfg)
+
+
+def test_plain_mappo_measures_the_datas_age_on_its_first_minibatch_step():
+    cfg = MAPPOConfig(epochs=1, minibatches=2, hidden=[16], stale_correction=False)
+    learner, batch = moved_mappo_learner(cfg)  # the learner moved on after its policy made the batch
+    learner.add(batch)
+    stats = learner.update()
+    assert 0.0 < stats["rho_ess"] < 0.99 and stats["behaviour_kl"] > 0, stats
+    behaviour = MAPPOPolicy(cfg, TEAM_OBS, TEAM_ACTIONS, Placement())
+    behaviour.load_weights(learner.weights())  # now the learner's own policy makes the batch: no gap
+    learner.add(team_fragment(behaviour, np.random.default_rng(1)))
+    assert learner.update()["rho_ess"] == pytest.approx(1.0, abs=1e-5)
 
 
 def assert_clipped_as_anchored(

@@ -20,7 +20,7 @@ from torch import nn
 
 from tianji.algos.base import AlgoSpec, OnPolicyLearner, Placement
 from tianji.algos.common.batches import joined, time_major
-from tianji.algos.common.correction import behaviour_gap
+from tianji.algos.common.correction import behaviour_gap, first_step_gap
 from tianji.algos.common.multiagent import UNAVAILABLE, check_multiagent_spaces, team_sizes
 from tianji.algos.common.networks import last_linear
 from tianji.algos.common.optim import Stats
@@ -264,6 +264,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         whole env sequences unrolled from their stored memory."""
         c = self.cfg
         b, diagnostics = self._batch()
+        self._first_step_gap: dict[str, float] = {}
         T, K = b["adv"].shape[:2]
         units = K if c.recurrent else T * K
         size = max(1, units // c.minibatches)
@@ -288,7 +289,7 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
                 for key, value_ in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value_)
                 steps += 1
-        return {**{key: value / max(steps, 1) for key, value in totals.items()}, **diagnostics}
+        return {**{key: value / max(steps, 1) for key, value in totals.items()}, **diagnostics, **self._first_step_gap}
 
     def _unroll(self, b: dict[str, torch.Tensor], envs: torch.Tensor) -> torch.Tensor:
         """Logits [T * B, n, A] of the envs' sequences, from their stored memory, reset where an episode starts."""
@@ -311,6 +312,8 @@ class MAPPOLearner(OnPolicyLearner[SharedActorCritic]):
         if value.dim() == 1:  # a centralised value, one per env: the same for every agent
             value = value.unsqueeze(-1).expand_as(logp)
         mask = b["mask"].bool()
+        if not self.cfg.stale_correction and not self._first_step_gap:
+            self._first_step_gap = first_step_gap(b["logp"][mask], logp[mask], self.cfg.rho_bar)
         weights, bounds = correction_terms(b["prox_logp"][mask], b["logp"][mask], self.cfg)
         loss, stats = ppo_loss(
             logp[mask],

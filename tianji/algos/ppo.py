@@ -33,7 +33,7 @@ from pydantic import Field
 from tianji.algos.base import AlgoSpec, OnPolicyLearner, Placement
 from tianji.algos.common.actor_critic import ActorCriticPolicy, make_net, spaces_check
 from tianji.algos.common.batches import joined, minibatch_steps, time_major
-from tianji.algos.common.correction import behaviour_gap, evaluate_steps
+from tianji.algos.common.correction import behaviour_gap, evaluate_steps, first_step_gap
 from tianji.algos.common.networks import PolicyValueNet, trunk_health
 from tianji.algos.common.optim import Stats
 from tianji.algos.common.returns import compute_gae
@@ -71,14 +71,18 @@ class PPOLearner(OnPolicyLearner[PolicyValueNet]):
 
     def __init__(self, cfg: PPOConfig, obs_space: gym.Space, act_space: gym.Space, device: str = "cpu"):
         super().__init__(cfg, make_net(cfg, obs_space, act_space), device)
+        self._first_step_gap: dict[str, float] = {}
 
     def update(self) -> dict[str, float]:
         samples, diagnostics = self._samples()
+        self._first_step_gap = {}
         stats = minibatch_steps(samples, self.cfg, self._minibatch_loss, self.step, self.sync, self.env_steps)
-        return {**stats, **diagnostics, **trunk_health(self.net)}
+        return {**stats, **diagnostics, **self._first_step_gap, **trunk_health(self.net)}
 
     def _minibatch_loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
         logp, entropy, value = self.net.evaluate(b["obs"], b["action"])
+        if not self.cfg.stale_correction and not self._first_step_gap:
+            self._first_step_gap = first_step_gap(b["logp"], logp, self.cfg.rho_bar)
         weights, bounds = correction_terms(b["prox_logp"], b["logp"], self.cfg)
         return ppo_loss(logp, b["prox_logp"], b["adv"], value, b["ret"], entropy, self.cfg, b["value"], weights, bounds)
 

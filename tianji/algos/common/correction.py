@@ -8,6 +8,7 @@ corrected in four steps, each a function here:
     low, high = clip_bounds(prox_logp, behaviour_logp, ...)       # where the surrogate's clip sits
     adv = normalized_advantages(adv, baseline_weights=rho)        # centred on each sample's own weight
     behaviour_gap(behaviour_logp, prox_logp, rho_bar)             # how far the two policies were apart
+    first_step_gap(behaviour_logp, logp, rho_bar)                 # the same, without the correction
 
 pi_prox is the learner's policy at the start of the update (the proximal policy of decoupled PPO,
 Hilton et al., 2022; V-trace's target policy when IMPALA and APPO compute their targets). With no lag
@@ -150,3 +151,11 @@ def behaviour_gap(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rho_b
         "behaviour_kl": float(approx_kl(log_ratio)),
         "rho_ess": float(ratio.sum() ** 2 / (ratio.numel() * ratio.pow(2).sum())),
     }
+
+
+def first_step_gap(behaviour_logp: torch.Tensor, logp: torch.Tensor, rho_bar: float) -> dict[str, float]:
+    """`behaviour_gap` where no pass evaluates the batch before training (PPO without the correction):
+    an update's first minibatch step sees the learner's policy before it moves, so its log-probs against
+    the actors' (on that minibatch) measure the data's age, for the diagnostics and the balance's lag
+    controller (`rho_ess`), at no extra forward pass."""
+    return behaviour_gap(behaviour_logp, logp.detach(), rho_bar)
