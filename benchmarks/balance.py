@@ -114,9 +114,12 @@ def median_time(runs: list[dict]) -> float | None:
 
 
 def _minutes(seconds: float | None, cap_min: float) -> str:
+    """A time to the target as read best: seconds under two minutes (CartPole), else minutes."""
     if seconds is None:
         return "-"
-    return f">{cap_min:.0f} min" if math.isinf(seconds) else f"{seconds / 60:.1f} min"
+    if math.isinf(seconds):
+        return f">{cap_min:g} min"
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
