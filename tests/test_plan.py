@@ -9,6 +9,7 @@ import pytest
 
 from tianji import cli
 from tianji.config import load_config
+from tianji.runtime.balance import LagController
 from tianji.tools import calibration, plan
 from tianji.tools.calibration import Calibration, Space
 from tianji.tools.plan import choose, layout_space, oversubscription_warning, predict
@@ -239,6 +240,22 @@ def test_the_cluster_what_if_runs_a_layout_per_node_and_prices_the_link():
     )
     table = plan.format_cluster(cal, [one, eight], 1.25e9, 50e-6, "allreduce")
     assert "10 Gbit/s" in table and "measured" in table and table.count("\n") == 3
+    assert "max lag" in table.splitlines()[1] and table.splitlines()[2].split()[-1] == f"{one.per_node.max_lag:.1f}"
+
+
+def test_under_an_auto_bound_each_layouts_lag_is_capped_where_the_controller_settles_on_it():
+    """The planner predicts lag by the controller's rule: with many actors per learner the lag of plain
+    credits is far above the smallest bound that keeps them producing, where auto stops raising it."""
+    cal = synthetic({8: 10_000.0}, learner_rate=30_000.0, fragment_steps=1024, steps_per_update=2048)
+    space = Space(envs=[8], actors=[1, 2, 4, 8], fragment_steps=1024, preferred_envs=8)
+    auto = load_config("cartpole-ppo", ["balance.max_policy_lag=auto", "balance.max_inflight=4"])
+    for layout in predict(cal, auto, space, cores=16):
+        settled = plan.settled_bound(cal, layout)
+        assert layout.max_lag <= settled and not layout.held_back, (layout, settled)
+    many = {layout.actors: layout for layout in predict(cal, auto, space, cores=16)}[8]
+    assert many.max_lag == plan.settled_bound(cal, many) < LagController.high  # capped by the rule, not the ceiling
+    cluster = plan.predict_cluster(cluster_calibration(), auto, 4, 40, 1.25e9, 50e-6)
+    assert cluster.per_node.max_lag <= plan.settled_bound(cluster_calibration(), cluster.per_node)
 
 
 def test_the_cluster_mode_lays_out_a_described_cluster_and_says_why():

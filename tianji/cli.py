@@ -356,7 +356,8 @@ def _plan_ray_cluster(cfg, cal, link_bytes: float, link_latency: float, gpu_lear
     for index, (node, layout) in enumerate(zip([n for n in nodes if n.get("CPU", 0) >= 2], layouts, strict=False)):
         print(
             f"node {index}: {node.get('CPU', 0):g} CPUs, {node.get('GPU', 0):g} GPUs -> {layout.learners} learner(s) x "
-            f"{layout.actors} actors x {layout.envs_per_actor} envs ({layout.env_steps_per_s:,.0f} env steps/s)"
+            f"{layout.actors} actors x {layout.envs_per_actor} envs ({layout.env_steps_per_s:,.0f} env steps/s, "
+            f"max lag {layout.max_lag:g})"
         )
     print(why)
     return 0

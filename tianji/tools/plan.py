@@ -207,8 +207,10 @@ def predict(
     `cal` with the link's costs); `others_in_group`: instead, the group has this many learners on
     other machines whatever the layout here (a cluster of unlike nodes)."""
     versions_per_fragment = cal.fragment_steps / cal.steps_per_update
-    # under auto the controller raises the bound while the learner waits, up to its ceiling
-    bound = LagController.high if cfg.balance.lag_is_auto else cfg.balance.bound_at_start
+    # under auto the controller raises the bound while the learner waits, up to its ceiling: no layout is
+    # held back, and each one's lag is capped where the controller settles on it (`auto_bound`)
+    auto = cfg.balance.lag_is_auto
+    bound = LagController.high if auto else cfg.balance.bound_at_start
     limit = lag_aware_in_flight(bound, versions_per_fragment) if cfg.balance.backpressure else math.inf
     layouts = []
     for k in space.envs:
@@ -224,7 +226,9 @@ def predict(
                 actor_util, learner_util = x / (a * rate), x / (learners * learner_rate)
                 actors_wait = actor_util < learner_util
                 lag = predicted_max_lag(per_learner, versions_per_fragment, cfg.balance.max_inflight, actors_wait)
-                held_back = limit < per_learner + (1 if learner_util >= actor_util else 0)
+                learner_bound = learner_util >= actor_util
+                held_back = limit < per_learner + (1 if learner_bound else 0)
+                bound_here = auto_bound(per_learner, learner_bound, versions_per_fragment) if auto else bound
                 idle = (
                     "actors"
                     if actor_util < learner_util - 0.02
@@ -240,7 +244,7 @@ def predict(
                         x,
                         actor_util,
                         learner_util,
-                        min(lag, bound) if cfg.balance.backpressure else lag,
+                        min(lag, bound_here) if cfg.balance.backpressure else lag,
                         idle,
                         held_back,
                         learners,
@@ -382,13 +386,14 @@ def format_cluster(
         f"{'measured' if cal.sync_measured else 'assumed'} on this machine: a message "
         f"{cal.sync_latency_s * 1e6:,.0f} us, {cal.sync_bytes_per_s / 1e6:,.0f} MB/s):",
         f"  {'nodes':>5} {'group':>5} {'per node: learners x actors x envs':>36} {'pred env steps/s':>17} "
-        f"{'speed-up':>8} {'learner util':>12}",
+        f"{'speed-up':>8} {'learner util':>12} {'max lag':>7}",
     ]
     for p in predictions:
         n = p.per_node
         lines.append(
             f"  {p.nodes:>5} {p.group:>5} {f'{n.learners} x {n.actors} x {n.envs_per_actor}':>36} "
-            f"{p.env_steps_per_s:>17,.0f} {p.env_steps_per_s / base:>7.2f}x {n.learner_utilization:>11.0%}"
+            f"{p.env_steps_per_s:>17,.0f} {p.env_steps_per_s / base:>7.2f}x {n.learner_utilization:>11.0%} "
+            f"{n.max_lag:>7.1f}"
         )
     return "\n".join(lines)
 
@@ -408,13 +413,19 @@ def bound_needed(actors: int, learner_bound: bool, versions_per_fragment: float)
     return 2 * versions_per_fragment * (actors + (1 if learner_bound else 0) - 1)
 
 
-def settled_bound(cal: Calibration, layout: Layout) -> int:
-    """Where `balance.max_policy_lag: auto` ends up on `layout` while stale data teach: the smallest bound
-    that keeps its actors producing, above which the learner no longer waits (`bound_needed`)."""
-    vpf = cal.fragment_steps / cal.steps_per_update
-    per_learner = math.ceil(layout.actors / layout.learners)
-    needed = bound_needed(per_learner, layout.learner_utilization >= layout.actor_utilization, vpf)
+def auto_bound(actors: int, learner_bound: bool, versions_per_fragment: float) -> int:
+    """Where `balance.max_policy_lag: auto` ends up while stale data teach, for `actors` per learner: the
+    controller raises the bound while the learner waits, so it stops at the smallest bound that keeps
+    them producing (`bound_needed`), within the controller's limits."""
+    needed = bound_needed(actors, learner_bound, versions_per_fragment)
     return min(max(math.ceil(needed), LagController.low), LagController.high)
+
+
+def settled_bound(cal: Calibration, layout: Layout) -> int:
+    """`auto_bound` of a planned layout."""
+    learner_bound = layout.learner_utilization >= layout.actor_utilization
+    per_learner = math.ceil(layout.actors / layout.learners)
+    return auto_bound(per_learner, learner_bound, cal.fragment_steps / cal.steps_per_update)
 
 
 def choose(layouts: list[Layout], preferred_envs: int, cores: int | None = None) -> Layout:
