@@ -3,6 +3,7 @@
     python benchmarks/chaos.py [--preset pong-appo] [--seed 0] [--minutes 90] [--every 120 300]
                                [--faults kill-actor kill-learner stop-role kill-evaluator full-disk]
                                [--stop-s 10 30] [--disk-s 30] [--baseline RUN_DIR] [--run-dir DIR] [--set k=v]
+                               [--launcher local|ray]
 
 Trains the preset (to its target, capped at --minutes) while a schedule seeded by --seed injects one
 fault every --every seconds (uniform between the two), one at a time:
@@ -10,7 +11,10 @@ fault every --every seconds (uniform between the two), one at a time:
 - kill-actor, kill-learner, kill-evaluator: SIGKILL of that role's process (roles.json names them);
 - stop-role: SIGSTOP of a random role for --stop-s seconds (uniform), then SIGCONT;
 - full-disk: every process of the run may grow no file (RLIMIT_FSIZE, as a full disk answers EFBIG)
-  for --disk-s seconds: checkpoints and metric rows fail to be written.
+  for --disk-s seconds: checkpoints and metric rows fail to be written;
+- remove-node (--launcher ray): the run goes on a Ray cluster made on this machine (a head for the driver,
+  two nodes that can each hold every role); the node of a random role is removed without warning, as a
+  preempted cloud machine disappears, and a fresh node is added back once the run is whole again.
 
 After each fault it waits until the run is whole again (a killed role replaced by a live process, and
 the learner's policy version past where it was when the fault came) before the next is drawn. At the
@@ -31,19 +35,19 @@ import random
 import resource
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tianji.config import load_config
+from tianji.runtime.process.life import pid_alive, process_tree, run_leftovers
 from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets, set_damage
-from tianji.runtime.transport.shm import shm_root
 
 from common import machine, summary_of, train_command
 
 RESULTS = Path(__file__).parent / "results"
-FAULTS = ("kill-actor", "kill-learner", "stop-role", "kill-evaluator", "full-disk")
+FAULTS = ("kill-actor", "kill-learner", "stop-role", "kill-evaluator", "full-disk", "remove-node")
+REPLACING = ("kill-actor", "kill-learner", "kill-evaluator", "remove-node")  # the role comes back as a new process
 WHOLE_TIMEOUT_S = 600.0  # a run not whole again by then is reported so, and the next fault comes anyway
 
 
@@ -54,7 +58,9 @@ class Fault:
     role: str = ""
     lasted_s: float = 0.0  # a stop or a full disk: how long it was held
     version_before: int = -1
-    set_version: int | None = None  # kill-learner: the newest verified set's version when it came
+    took_learner: bool = False  # the learner died with it (it resumes from a verified set)
+    set_version: int | None = None  # a fault that took the learner: the newest verified set's version then
+    node: str = ""  # remove-node: the node removed
     whole_after_s: float | None = None  # from the fault's end until the run was whole again; None: never
     ended_first: bool = False  # the run ended (target or cap) before it was whole again
 
@@ -77,6 +83,7 @@ class Chaos:
     command: list[str]
     settings: ChaosSettings
     cap_s: float
+    cluster: LoopbackCluster | None = None  # --launcher ray: the cluster the run goes on
     faults: list[Fault] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
     _tree_noted_at: float = 0.0
@@ -138,7 +145,17 @@ class Chaos:
             "kill-evaluator": "evaluator" in roles,
             "stop-role": bool(roles),
             "full-disk": True,
+            "remove-node": self.cluster is not None and bool(self._roles_on_removable_nodes()),
         }[kind]
+
+    def _places(self) -> dict[str, dict]:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads((self.run_dir / "placement.json").read_text())
+        return {}
+
+    def _roles_on_removable_nodes(self) -> list[str]:
+        assert self.cluster is not None
+        return sorted(name for name, place in self._places().items() if self.cluster.removable(place["node"]))
 
     # ------------------------------------------------------------ faults
     def _inject(self, kind: str, rng: random.Random) -> Fault:
@@ -147,9 +164,16 @@ class Chaos:
         if kind.startswith("kill-"):
             prefix = kind.removeprefix("kill-")
             fault.role = rng.choice(sorted(name for name in roles if name.startswith(prefix)))
-            if kind == "kill-learner":
-                fault.set_version = newest_set_version(self.run_dir)
+            self._note_learner_loss(fault, kind == "kill-learner")
             _signal(roles[fault.role], signal.SIGKILL)
+        elif kind == "remove-node":
+            assert self.cluster is not None
+            fault.role = rng.choice(self._roles_on_removable_nodes())
+            places = self._places()
+            fault.node = places[fault.role]["node"]
+            on_node = [name for name, place in places.items() if place["node"] == fault.node]
+            self._note_learner_loss(fault, any(name.startswith("learner") for name in on_node))
+            self.cluster.remove(fault.node)
         elif kind == "stop-role":
             fault.role = rng.choice(sorted(roles))
             fault.lasted_s = round(rng.uniform(*self.settings.stop_s), 1)
@@ -163,8 +187,16 @@ class Chaos:
             limit_file_size(self.process.pid, resource.RLIM_INFINITY)
         fault.whole_after_s = self._wait_whole(fault, roles)
         fault.ended_first = fault.whole_after_s is None and self.process.poll() is not None
+        if kind == "remove-node":
+            assert self.cluster is not None
+            self.cluster.add()  # the next removal has somewhere to go
         print(f"{fault.at_s:8.1f} s  {kind:<14} {fault.role:<10} whole again after {fault.whole_after_s} s", flush=True)
         return fault
+
+    def _note_learner_loss(self, fault: Fault, took_learner: bool) -> None:
+        fault.took_learner = took_learner
+        if took_learner:
+            fault.set_version = newest_set_version(self.run_dir)
 
     def _hold(self, seconds: float) -> None:
         end = time.time() + seconds
@@ -179,11 +211,56 @@ class Chaos:
         while time.time() - start < WHOLE_TIMEOUT_S and self.process.poll() is None:
             roles = self._roles()
             self.pids_seen.update(roles.values())
-            replaced = not fault.kind.startswith("kill-") or roles.get(fault.role, -1) != roles_before[fault.role]
-            if replaced and all(_alive(pid) for pid in roles.values()) and self._version() > fault.version_before:
+            replaced = fault.kind not in REPLACING or roles.get(fault.role, -1) != roles_before[fault.role]
+            if replaced and all(pid_alive(pid) for pid in roles.values()) and self._version() > fault.version_before:
                 return round(time.time() - start, 1)
             time.sleep(0.2)
         return None
+
+
+class LoopbackCluster:
+    """A Ray cluster made on this machine for --launcher ray, all on loopback: a head for the driver, and
+    two nodes that can each hold every role (the roles ask for a `chaos_node` resource only they have), so
+    that the roles of a removed node have somewhere to go."""
+
+    NODE = {"num_cpus": 8, "resources": {"chaos_node": 16}, "node_ip_address": "127.0.0.1"}  # room for every role
+
+    def __init__(self) -> None:
+        import ray  # an optional dependency: only --launcher ray needs it
+        from ray.cluster_utils import Cluster
+
+        from tianji.runtime.launchers.ray_boot import loopback_only
+
+        loopback_only(ray)
+        head = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        for _ in range(2):
+            self.add()
+        self.cluster.wait_for_nodes()
+        self.address = self.cluster.address
+
+    def settings(self) -> list[str]:
+        """The run's settings that put it on this cluster, every role on the removable nodes."""
+        pinned = "{chaos_node: 1}"
+        return [
+            f"ray.address={self.address}",
+            f"ray.learner_resources={pinned}",
+            f"ray.actor_resources={pinned}",
+            f"ray.evaluator_resources={pinned}",
+        ]
+
+    def removable(self, node_id: str) -> bool:
+        return any(node.node_id == node_id for node in self.cluster.worker_nodes)
+
+    def remove(self, node_id: str) -> None:
+        node = next(node for node in self.cluster.worker_nodes if node.node_id == node_id)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def add(self) -> None:
+        self.cluster.add_node(**self.NODE)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
 
 
 # ---------------------------------------------------------------- process and file helpers
@@ -192,25 +269,6 @@ class Chaos:
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    tree = [pid]
-    for parent in tree:
-        tree += [child for child, of in parents.items() if of == parent]
-    return tree
 
 
 def limit_file_size(pid: int, limit: int) -> None:
@@ -228,12 +286,6 @@ def newest_set_version(run_dir: Path) -> int | None:
     return None
 
 
-def leftovers(driver_pid: int) -> list[str]:
-    """Sockets and shared-memory files of the run still there after it ended."""
-    folders = (shm_root(), Path(tempfile.gettempdir()))
-    return sorted(str(p) for folder in folders for p in folder.glob(f"tianji-*p{driver_pid}-*"))
-
-
 def damaged_sets(run_dir: Path) -> list[str]:
     sets = sorted((run_dir / "checkpoints").glob("set-*"))
     return [f"{path.name}: {damage}" for path in sets if (damage := set_damage(path)) is not None]
@@ -247,7 +299,7 @@ def versions_logged(run_dir: Path) -> list[tuple[float, int]]:
 def backward_steps(versions: list[tuple[float, int]], faults: list[Fault]) -> list[str]:
     """Every drop of the policy version not explained by a learner fault that restarted from a verified set
     (the version after the drop at least that set's version)."""
-    kills = [f for f in faults if f.kind == "kill-learner"]
+    kills = [f for f in faults if f.took_learner]
     found = []
     for (_, before), (t, after) in zip(versions, versions[1:], strict=False):
         if after >= before:
@@ -269,13 +321,14 @@ def report(chaos: Chaos, returncode: int, baseline: Path | None) -> dict:
     )
     # a killed learner takes the fragments in flight to it along (its restart resumes from the checkpoint
     # before them anyway): at most every actor's slots each time
-    learner_kills = sum(f.kind == "kill-learner" for f in chaos.faults)
+    learner_kills = sum(f.took_learner for f in chaos.faults)
     in_flight_to_killed = learner_kills * cfg.topology.actor_count * cfg.balance.slots_per_actor
     undisturbed = summary_of(baseline).get("time_to_target_s") if baseline is not None else None
     to_target = summary.get("time_to_target_s")
     return {
         "preset": cfg.name,
         "seed": chaos.settings.seed,
+        "launcher": "ray" if chaos.cluster is not None else "local",
         "machine": machine(),
         "returncode": returncode,
         "faults": [asdict(f) for f in chaos.faults],
@@ -296,15 +349,15 @@ def report(chaos: Chaos, returncode: int, baseline: Path | None) -> dict:
         "learner_restarts": summary.get("learner_restarts"),
         "checkpoint_write_failures": summary.get("checkpoint_write_failures"),
         "damaged_sets": damaged_sets(run_dir),
-        "processes_left": sorted(pid for pid in chaos.pids_seen if _alive(pid)),
-        "files_left": leftovers(chaos.process.pid),
+        "processes_left": sorted(pid for pid in chaos.pids_seen if pid_alive(pid)),
+        "files_left": [str(path) for path in run_leftovers(chaos.process.pid)],
         "version_backwards": backward_steps(versions_logged(run_dir), chaos.faults),
     }
 
 
 def markdown(result: dict) -> str:
     lines = [
-        f"# Chaos: `{result['preset']}`, seed {result['seed']}",
+        f"# Chaos: `{result['preset']}`, seed {result['seed']}, {result.get('launcher', 'local')} launcher",
         "",
         f"Machine: {result['machine']}. {result['faults_injected']} faults injected, "
         f"{result['faults_survived']} survived (the run whole again after each).",
@@ -316,7 +369,8 @@ def markdown(result: dict) -> str:
         whole = f"{f['whole_after_s']:.1f} s" if f["whole_after_s"] is not None else "never"
         whole = "the run ended first" if f["ended_first"] else whole
         held = f"{f['lasted_s']:.0f} s" if f["lasted_s"] else ""
-        lines.append(f"| {f['at_s'] / 60:.1f} min | {f['kind']} | {f['role']} | {held} | {whole} |")
+        role = f"{f['role']}'s node" if f["kind"] == "remove-node" else f["role"]
+        lines.append(f"| {f['at_s'] / 60:.1f} min | {f['kind']} | {role} | {held} | {whole} |")
     ratio = result["time_ratio"]
     lines += [
         "",
@@ -347,11 +401,26 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def run_chaos(preset: str, run_dir: Path, settings: ChaosSettings, minutes: float, overrides: list[str]) -> tuple:
-    """Train `preset` under faults; returns (Chaos, the command's exit code)."""
-    settings_list = [f"seed={settings.seed}", f"stop.max_wall_time_s={minutes * 60}", *overrides]
-    chaos = Chaos(run_dir, train_command(preset, run_dir, *settings_list), settings, minutes * 60)
-    return chaos, chaos.run()
+def run_chaos(
+    preset: str,
+    run_dir: Path,
+    settings: ChaosSettings,
+    minutes: float,
+    overrides: list[str],
+    baseline: Path | None = None,
+    launcher: str = "local",
+) -> dict:
+    """Train `preset` under faults (under Ray on a cluster made for it, shut down after); returns the report."""
+    cluster = LoopbackCluster() if launcher == "ray" else None
+    try:
+        placed = [] if cluster is None else cluster.settings()
+        settings_list = [f"seed={settings.seed}", f"stop.max_wall_time_s={minutes * 60}", *placed, *overrides]
+        command = train_command(preset, run_dir, *settings_list, launcher=launcher)
+        chaos = Chaos(run_dir, command, settings, minutes * 60, cluster)
+        return report(chaos, chaos.run(), baseline)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def main() -> None:
@@ -360,7 +429,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed and the fault schedule's")
     parser.add_argument("--minutes", type=float, default=90.0, help="the run's cap")
     parser.add_argument("--every", type=float, nargs=2, default=[120.0, 300.0], help="seconds between faults")
-    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, help="default: every fault the launcher has")
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local")
     parser.add_argument("--stop-s", type=float, nargs=2, default=[10.0, 30.0], help="how long a role stays stopped")
     parser.add_argument("--disk-s", type=float, default=30.0, help="how long the disk stays full")
     parser.add_argument("--baseline", type=Path, help="an undisturbed finished run of the same preset and seed")
@@ -368,10 +438,12 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, repeatable")
     parser.add_argument("--out", default=str(RESULTS / "chaos"), help="results path without suffix")
     args = parser.parse_args()
-    settings = ChaosSettings(tuple(args.every), tuple(args.faults), tuple(args.stop_s), args.disk_s, args.seed)
+    faults = args.faults or [kind for kind in FAULTS if args.launcher == "ray" or kind != "remove-node"]
+    if "remove-node" in faults and args.launcher != "ray":
+        parser.error("remove-node needs --launcher ray (a cluster's node to remove)")
+    settings = ChaosSettings(tuple(args.every), tuple(faults), tuple(args.stop_s), args.disk_s, args.seed)
     settings.quiet_end_s = max(args.every)
-    chaos, returncode = run_chaos(args.preset, args.run_dir, settings, args.minutes, args.overrides)
-    result = report(chaos, returncode, args.baseline)
+    result = run_chaos(args.preset, args.run_dir, settings, args.minutes, args.overrides, args.baseline, args.launcher)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """benchmarks/chaos.py on CartPole: a minute of random faults (actors and the learner killed, roles
-stopped, the disk full) and the run is whole again after each, with nothing trained twice or over the
-lag bound, every checkpoint set good, and no process or shared-memory file left."""
+stopped, the disk full; under Ray, a node removed) and the run is whole again after each, with nothing
+trained twice or over the lag bound, every checkpoint set good, and no process or shared-memory file left."""
 
 from __future__ import annotations
 
@@ -22,13 +22,30 @@ def test_a_minute_of_random_faults_costs_nothing_that_counts(monkeypatch, tmp_pa
         quiet_end_s=8.0,
     )
     overrides = ["stop.target_return=null", "checkpoint.interval_s=1", "logging.interval_s=0.2"]
-    run, returncode = chaos.run_chaos("cartpole-ppo", tmp_path / "run", settings, 1.0, overrides)
-    result = chaos.report(run, returncode, None)
-    assert returncode == 0
+    result = chaos.run_chaos("cartpole-ppo", tmp_path / "run", settings, 1.0, overrides)
+    assert result["returncode"] == 0
     assert result["faults_injected"] >= 5 and {f["kind"] for f in result["faults"]} >= {"kill-actor", "kill-learner"}
+    assert_nothing_that_counts_lost(result)
+    assert "| fragments trained over the lag bound | 0 |" in chaos.markdown(result)
+
+
+@pytest.mark.ray
+def test_nodes_removed_under_ray_and_added_back_cost_nothing_that_counts(monkeypatch, tmp_path):
+    pytest.importorskip("ray")
+    chaos = load_benchmark(monkeypatch, "chaos")
+    settings = chaos.ChaosSettings(every_s=(10.0, 15.0), faults=("remove-node",), seed=0, quiet_end_s=20.0)
+    overrides = ["stop.target_return=null", "checkpoint.interval_s=1", "logging.interval_s=0.2"]
+    result = chaos.run_chaos("cartpole-ppo", tmp_path / "run", settings, 2.0, overrides, launcher="ray")
+    assert result["returncode"] == 0 and result["launcher"] == "ray"
+    assert result["faults_injected"] >= 2, result["faults"]
+    assert_nothing_that_counts_lost(result)
+    assert result["role_restarts"] + result["learner_restarts"] >= result["faults_injected"]
+    assert "| remove-node |" in chaos.markdown(result)
+
+
+def assert_nothing_that_counts_lost(result: dict) -> None:
     assert result["faults_survived"] == result["faults_injected"], result["faults"]
     assert result["fragments_repeated"] == 0 and result["fragments_over_bound"] == 0
     assert result["fragments_lost_beyond_killed_learners"] == 0
     assert result["damaged_sets"] == [] and result["version_backwards"] == []
     assert result["processes_left"] == [] and result["files_left"] == []
-    assert "| fragments trained over the lag bound | 0 |" in chaos.markdown(result)

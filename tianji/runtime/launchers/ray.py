@@ -43,6 +43,7 @@ from tianji.runtime.transport.sockets import Endpoints, bound_endpoint, socket
 
 ANY_INTERFACE = "0.0.0.0"
 POLL_INTERVAL_S = 0.25  # how often the driver asks the hosts which roles ended
+STOP_HOSTS_S = 10.0  # how long the end of a run waits for the hosts to leave their nodes clean
 
 
 def _run_to_json(run: RunContext) -> str:
@@ -280,6 +281,10 @@ class RayRoles:
     def stop_all(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
+        # each host stops its node's roles and removes the run's slot files there (a role killed with
+        # kill -9 during the run left its own); a host whose node is gone answers with an error, not at all
+        closing = [handle.close_run.remote(self.token) for handle in self.hosts.values()]
+        self.ray.wait(closing, num_returns=len(closing), timeout=STOP_HOSTS_S)
         for handle in self.hosts.values():  # its zygote, and the roles, die with it
             self.ray.kill(handle, no_restart=True)
         remove_placement_group(self.pg)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tianji.runtime.process.host import NodeHost, Zygote
+from tianji.runtime.transport.shm import remove_pools
 from tianji.sections import ConfigError
 
 LOOPBACK = "127.0.0.1"
@@ -29,7 +30,13 @@ def import_ray() -> Any:
 
 
 class RayNodeHost(NodeHost):
-    """A node host as a Ray actor: it also says where it runs."""
+    """A node host as a Ray actor: it also says where it runs, and at the run's end leaves its node clean."""
+
+    def close_run(self, token: str) -> None:
+        """Stop this node's roles and remove the run's slot files here, those of roles killed before
+        (a kill -9 leaves its files; the local launcher removes them at its end the same way)."""
+        self.close()
+        remove_pools(token)
 
     def where(self) -> dict[str, Any]:
         import ray
