@@ -284,7 +284,8 @@ class RayRoles:
         # each host stops its node's roles and removes the run's slot files there (a role killed with
         # kill -9 during the run left its own); a host whose node is gone answers with an error, not at all
         closing = [handle.close_run.remote(self.token) for handle in self.hosts.values()]
-        self.ray.wait(closing, num_returns=len(closing), timeout=STOP_HOSTS_S)
+        if closing:  # none when placement failed before any host started
+            self.ray.wait(closing, num_returns=len(closing), timeout=STOP_HOSTS_S)
         for handle in self.hosts.values():  # its zygote, and the roles, die with it
             self.ray.kill(handle, no_restart=True)
         remove_placement_group(self.pg)
