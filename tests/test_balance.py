@@ -364,6 +364,13 @@ def test_the_lag_controller_raises_the_bound_while_the_learner_waits_and_the_dat
     assert control.inflight > 1  # the credits follow the bound
 
 
+def test_the_lag_controller_doubles_the_bound_until_it_first_lowers_it_then_moves_one_version():
+    control = LagController(bound=1, ceiling_windows=3)
+    starved, stale = LagWindow(0.5, 1.0), LagWindow(0.0, 0.5)
+    assert replay(control, [starved] * 9) == [1, 1, 2, 2, 2, 4, 4, 4, 8]  # 3 decisions from 1 to 8, not 7
+    assert replay(control, [stale] * 3 + [starved] * 6) == [8, 8, 7, 7, 7, 8, 8, 8, 9]
+
+
 def test_the_lag_controller_lowers_the_bound_when_stale_data_stop_teaching():
     control = LagController(bound=8)
     bounds = replay(control, trace("fast"))

@@ -194,23 +194,31 @@ def test_under_an_auto_lag_bound_the_service_moves_the_bound_and_the_credits_and
     service = LearnerService(Learner(algo, cfg.balance.bound_at_start), cfg, clock=lambda: now[0])
     actor = make_actor()
 
-    def train(seconds: float, waited: float) -> None:
-        for _ in range(int(seconds)):
+    def train(updates: int, waited: float, every_s: float = 1.0) -> None:
+        for _ in range(updates):
             service.take(0, 0, actor.collect(), in_slot=False)
-            now[0] += 1.0
-            service.reporter.wait_s += waited
+            now[0] += every_s
+            service.reporter.wait_s += waited * every_s
             published = service.step()
             if published is not None:
                 actor.set_weights(*published)
 
     assert service.credits.inflight_cap == 3 and service.reporter.event()["lag_bound"] == 4
-    train(7, waited=0.5)  # 3 windows of 2 s: the learner waited half the time, the data as good as fresh
-    assert service.credits.max_policy_lag == service.learner.lag.max_policy_lag == 5
-    event = service.reporter.event()
-    assert (event["lag_bound"], event["inflight"]) == (5, 3)
-    algo.ess = 0.4  # the data stopped teaching
+    # the first update opens the window, then 3 windows of 2 s: the learner waited half the time, the data
+    # as good as fresh; the first raise doubles the bound
     train(7, waited=0.5)
-    assert service.credits.max_policy_lag == 4 and service.reporter.event()["lag_bound"] == 4
+    assert service.credits.max_policy_lag == service.learner.lag.max_policy_lag == 8
+    event = service.reporter.event()
+    assert (event["lag_bound"], event["inflight"]) == (8, 4)
+    algo.ess = 0.4  # the data stopped teaching
+    train(6, waited=0.5)
+    assert service.credits.max_policy_lag == 7 and service.reporter.event()["lag_bound"] == 7
+    algo.ess = 1.0  # teaching again, the learner starved: back up one version at a time after a lowering
+    train(12 * 4, waited=0.5, every_s=0.01)  # fast updates: windows of 4 updates, not 2 s
+    assert service.credits.max_policy_lag == 7, "a bound lowered for its data stays out of reach a while"
+    train(30 * 4, waited=0.5, every_s=0.01)
+    assert [d.bound for d in service.lag_control.decisions] == [8, 7, 8, 9, 10, 11, 12]
+    assert service.credits.max_policy_lag == 12 and service.reporter.event()["lag_bound"] == 12
 
 
 def test_a_fixed_lag_bound_is_reported_as_it_is():

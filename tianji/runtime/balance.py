@@ -365,7 +365,9 @@ class LagController:
     still teach (the weights' effective sample size high); lowers it when they stop teaching.
 
     Each decision reads the means of the last `patience` windows, all measured under the current bound (the
-    history starts again after every move), and moves the bound one version. A dead band between the
+    history starts again after every move). Until the bound is first lowered a raise doubles it (a start
+    far too tight costs a short run most of its time: CartPole from bound 1 reaches 8 in 3 decisions, not
+    7); after that every move is one version. A dead band between the
     effective sample size that raises and the one that lowers keeps a steady run still rather than
     oscillating, and a bound that was lowered for its data is not raised back to for `ceiling_windows`
     windows (on a recorded trace whose data stop teaching now and then, the bound went 8, 7, 6, 7, 6
@@ -389,6 +391,7 @@ class LagController:
     _history: list[LagWindow] = field(default_factory=list)
     _ceiling: int | None = None
     _ceiling_left: int = 0
+    _lowered: bool = False  # once lowered, raises go one version at a time
 
     def __post_init__(self) -> None:
         self.bound = min(max(self.bound, self.low), self.high)
@@ -406,11 +409,13 @@ class LagController:
         if len(self._history) < self.patience:
             return None
         step, reason = self._step()
+        if step > 0 and not self._lowered:
+            step = self.bound  # doubling
         bound = min(max(self.bound + step, self.low), self.high if self._ceiling is None else self._ceiling)
         if bound == self.bound:
             return None
         if bound < self.bound:
-            self._ceiling, self._ceiling_left = bound, self.ceiling_windows
+            self._ceiling, self._ceiling_left, self._lowered = bound, self.ceiling_windows, True
         self.bound = bound
         self._history = []  # what the old bound measured does not judge the new one
         decision = LagDecision(bound, self.inflight, reason)

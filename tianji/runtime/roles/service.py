@@ -33,7 +33,10 @@ from tianji.runtime.shared.protocol import FragmentNotice, Hello
 from tianji.runtime.transport.wire import WireError
 
 EVENT_INTERVAL_S = 0.1
-LAG_WINDOW_S = 2.0  # the lag controller's window (balance.max_policy_lag: auto); it decides on 3 of them
+# the lag controller's window (balance.max_policy_lag: auto): 2 s or 4 updates, whichever ends first (a
+# CartPole run lasts a few seconds at ~15 updates/s; a Pong update takes about a second); it decides on 3
+LAG_WINDOW_S = 2.0
+LAG_WINDOW_UPDATES = 4
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +105,12 @@ class LearnerService(Generic[PeerT]):
         self._delayed: deque[Any] = deque(maxlen=cfg.balance.publish_delay + 1)
         self._delay_draws = np.random.default_rng(cfg.seed) if cfg.balance.publish_delay_varies else None
         self.clock = clock
-        self._last_event = self._last_checkpoint = self._window_start = clock()
-        self._window_wait_s = 0.0  # the reporter's wait_s when the lag controller's window began
+        self._last_event = self._last_checkpoint = clock()
+        # the lag controller's window: from the first update on (the wait for the first data is no signal)
+        self._window_start: float | None = None
+        self._window_wait_s = 0.0  # the reporter's wait_s when the window began
         self._window_ess: list[float] = []
+        self._window_updates = 0
         self._checkpointed_version = learner.version  # a resumed learner's is on disk already
         if self.schedule is not None:
             self.schedule.start(learner.version, self.published_weights)
@@ -235,19 +241,27 @@ class LearnerService(Generic[PeerT]):
 
     def _control_lag(self, control: LagController) -> None:
         """Feed the controller a window (the learner's share of time waiting, the updates' mean effective
-        sample size) every LAG_WINDOW_S; apply its decision to the bound and the credits."""
+        sample size) every LAG_WINDOW_S or LAG_WINDOW_UPDATES; apply its decision to the bound and the
+        credits."""
+        now = self.clock()
+        if self._window_start is None:  # the first update: the window starts here
+            self._open_lag_window(now)
+            return
         ess = self.learner.last_stats.get("rho_ess")
         if ess is not None:
             self._window_ess.append(float(ess))
-        now = self.clock()
-        if now - self._window_start < LAG_WINDOW_S:
+        self._window_updates += 1
+        if now - self._window_start < LAG_WINDOW_S and self._window_updates < LAG_WINDOW_UPDATES:
             return
-        waited = (self.reporter.wait_s - self._window_wait_s) / (now - self._window_start)
+        waited = (self.reporter.wait_s - self._window_wait_s) / max(now - self._window_start, 1e-9)
         ess_mean = sum(self._window_ess) / len(self._window_ess) if self._window_ess else float("nan")
-        self._window_start, self._window_wait_s, self._window_ess = now, self.reporter.wait_s, []
+        self._open_lag_window(now)
         decision = control.observe(LagWindow(min(waited, 1.0), ess_mean))
         if decision is not None:
             self.apply_lag(decision)
+
+    def _open_lag_window(self, now: float) -> None:
+        self._window_start, self._window_wait_s, self._window_ess, self._window_updates = now, self.reporter.wait_s, [], 0
 
     def apply_lag(self, decision: LagDecision) -> None:
         self.credits.max_policy_lag = self.learner.lag.max_policy_lag = decision.bound
