@@ -261,7 +261,8 @@ class LearnerService(Generic[PeerT]):
             self.apply_lag(decision)
 
     def _open_lag_window(self, now: float) -> None:
-        self._window_start, self._window_wait_s, self._window_ess, self._window_updates = now, self.reporter.wait_s, [], 0
+        self._window_start, self._window_wait_s = now, self.reporter.wait_s
+        self._window_ess, self._window_updates = [], 0
 
     def apply_lag(self, decision: LagDecision) -> None:
         self.credits.max_policy_lag = self.learner.lag.max_policy_lag = decision.bound
