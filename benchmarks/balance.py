@@ -79,8 +79,8 @@ def starts_of(task: Task) -> dict[str, Start]:
     return {start.name: start for start in (task.best, *POOR)}
 
 
-def run_row(task_name: str, start: Start, mode: str, run_dir: Path) -> dict:
-    """One finished run, read from its directory."""
+def run_row(task_name: str, start: Start, mode: str, run_dir: Path, cap_min: float) -> dict:
+    """One finished run, read from its directory (capped at `cap_min` minutes)."""
     summary, rows = summary_of(run_dir), metric_rows(run_dir)
     bounds = [r["balance/lag_bound"] for r in rows if r.get("balance/lag_bound") is not None]
     return {
@@ -93,6 +93,7 @@ def run_row(task_name: str, start: Start, mode: str, run_dir: Path) -> dict:
         "time_to_target_s": summary.get("time_to_target_s"),
         "env_steps_to_target": summary.get("env_steps_to_target"),
         "wall_time_s": summary.get("wall_time_s"),
+        "cap_min": cap_min,
         "env_steps": summary.get("env_steps"),
         "lag_mean": summary.get("policy_lag_mean"),
         "bound_last": bounds[-1] if bounds else None,
@@ -113,7 +114,7 @@ def median_time(runs: list[dict]) -> float | None:
     return statistics.median(map(time_or_inf, runs)) if runs else None
 
 
-def _minutes(seconds: float | None, cap_min: float) -> str:
+def _minutes(seconds: float | None, cap_min: float | None) -> str:
     """A time to the target as read best: seconds under two minutes (CartPole), else minutes."""
     if seconds is None:
         return "-"
@@ -140,9 +141,9 @@ def markdown(task_name: str, runs: list[dict]) -> str:
     lines = [
         f"# The lag bound chosen online: `{task.preset}`{' ' + ', '.join(task.target) if task.target else ''}",
         "",
-        f"Machine: {machines_of(runs) if runs else machine()}. Each run capped at {task.cap_min:.0f} minutes; one run "
-        "at a time. Time: wall time from the command's start to the target; a run that missed it counts as "
-        "over the cap. auto: `balance.max_policy_lag: auto` started from the start's bound.",
+        f"Machine: {machines_of(runs) if runs else machine()}. Each run capped at {_caps(runs, task.cap_min)} "
+        "minutes; one run at a time. Time: wall time from the command's start to the target; a run that missed "
+        "it counts as over the cap. auto: `balance.max_policy_lag: auto` started from the start's bound.",
         "",
         "| start | fixed: median time (each seed) | auto: median time (each seed) | auto / best fixed | "
         "auto / this start fixed | auto's bound at the end (range) | env steps to target, fixed / auto |",
@@ -170,11 +171,18 @@ def markdown(task_name: str, runs: list[dict]) -> str:
     return "\n".join([*lines, "", *verdicts, ""])
 
 
-def _cell(runs: list[dict], median: float | None, cap_min: float) -> str:
+def _caps(runs: list[dict], default_min: float) -> str:
+    """The caps the runs ran under (a sitting's --minutes may differ from the task's)."""
+    return " / ".join(f"{c:g}" for c in sorted({r.get("cap_min") or default_min for r in runs} or {default_min}))
+
+
+def _cell(runs: list[dict], median: float | None, default_cap_min: float) -> str:
+    """The median and each seed's time; a miss reads as over its own run's cap."""
     if not runs:
         return "-"
-    each = ", ".join(_minutes(time_or_inf(r), cap_min) for r in runs)
-    return f"{_minutes(median, cap_min)} ({each}; {sum(r['reached'] for r in runs)}/{len(runs)} reached)"
+    each = ", ".join(_minutes(time_or_inf(r), r.get("cap_min") or default_cap_min) for r in runs)
+    caps = [r.get("cap_min") or default_cap_min for r in runs]
+    return f"{_minutes(median, max(caps))} ({each}; {sum(r['reached'] for r in runs)}/{len(runs)} reached)"
 
 
 def _fmt_ratio(ratio: float | None) -> str:
@@ -246,7 +254,7 @@ def main() -> None:
                 if not finished(run_dir):
                     settings = [*start.settings(mode), *task.target, f"stop.max_wall_time_s={cap_min * 60}"]
                     run_tianji(task.preset, run_dir, seed, [*settings, *args.overrides])
-                sittings.add(run_row(args.task, start, mode, run_dir))
+                sittings.add(run_row(args.task, start, mode, run_dir, cap_min))
                 print(sittings.save(lambda rows: markdown(args.task, rows)), flush=True)
                 figure(args.task, sittings.ordered(), out.with_suffix(".png"))
 

@@ -429,7 +429,9 @@ def test_the_balance_benchmark_judges_auto_against_the_best_fixed_median_and_its
     runs += [run("tight", "auto", s, m) for s, m in enumerate((10.5, 11.5, 13))]  # 11.5 / 11: within 10 %
     runs += [run("loose", "fixed", s, m) for s, m in enumerate((14, 14, 14))]
     runs += [run("loose", "auto", s, m) for s, m in enumerate((13, 13.5, None))]  # 13.5 / 11: not within
+    runs[-1]["cap_min"] = 20.0  # a sitting with --minutes 20: its miss reads as over its own cap
     table = balance.markdown("pong", runs)
+    assert "(13.0 min, 13.5 min, >20 min; 2/3 reached)" in table and "capped at 20 / 30 minutes" in table
     assert "- from tight: auto within 10% of the best fixed median (1.05x); below its own fixed median." in table
     assert "- from loose: auto NOT within 10% of the best fixed median (1.23x); below its own fixed median." in table
     assert "16.0 min (15.0 min, 16.0 min, >30 min; 2/3 reached)" in table
