@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tianji.config import load_config
-from tianji.runtime.process.life import pid_alive, process_tree, run_leftovers
+from tianji.runtime.process.life import limit_file_size, pid_alive, process_tree, run_leftovers
 from tianji.runtime.shared.checkpoint import CheckpointError, CheckpointSets, set_damage
 
 from common import machine, summary_of, train_command
@@ -269,14 +269,6 @@ class LoopbackCluster:
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-
-
-def limit_file_size(pid: int, limit: int) -> None:
-    """RLIMIT_FSIZE of every process of the run: 0, and each write fails with EFBIG as on a full disk."""
-    for process in process_tree(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
-            resource.prlimit(process, resource.RLIMIT_FSIZE, (limit, hard))
 
 
 def newest_set_version(run_dir: Path) -> int | None:

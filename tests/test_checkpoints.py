@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tianji.config import build_config
-from tianji.runtime.process.life import process_tree
+from tianji.runtime.process.life import limit_file_size
 from tianji.runtime.roles.build import build_learner
 from tianji.runtime.shared.checkpoint import CheckpointSets, set_damage
 from tianji.tools.evaluate import evaluate_run
@@ -252,20 +252,13 @@ class FileSizeLimit:
         return hasattr(resource, "prlimit")
 
     def fill(self, pid: int) -> None:
-        self._limit(pid, 1024)
+        limit_file_size(pid, 1024)
 
     def free(self, pid: int) -> None:
-        self._limit(pid, resource.RLIM_INFINITY)
+        limit_file_size(pid, resource.RLIM_INFINITY)
 
     def unmount(self) -> None:
         pass
-
-    @staticmethod
-    def _limit(pid: int, soft: int) -> None:
-        for process in process_tree(pid):
-            with contextlib.suppress(ProcessLookupError):
-                _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
-                resource.prlimit(process, resource.RLIMIT_FSIZE, (soft, hard))
 
 
 @pytest.mark.parametrize(  # the same behaviour under two kinds of full disk; the root-only one in the slow tier

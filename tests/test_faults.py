@@ -4,9 +4,11 @@ notices that point outside the run's shared memory."""
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 import torch
 import zmq
 
-from tianji.runtime.process.life import pid_alive, process_tree, run_leftovers, sweep_leftovers
+from tianji.runtime.process.life import limit_file_size, pid_alive, process_tree, run_leftovers, sweep_leftovers
 from tianji.runtime.shared.checkpoint import load_learner
 from tianji.runtime.transport.shm import SlotReader, SlotWriter, shm_root
 from tianji.runtime.transport.wire import WireError, pack_header
@@ -168,6 +170,33 @@ def test_a_process_tree_holds_the_children_of_children_and_a_reaped_one_is_not_a
             os.kill(pid, signal.SIGKILL)
         parent.wait()
     assert not pid_alive(parent.pid)
+
+
+def test_a_file_size_limit_set_from_outside_reaches_a_grandchild_and_lifts(tmp_path):
+    """The full disk of the fault tests and the chaos benchmark: set on a running tree, each write past it
+    fails with EFBIG; lifted, writes go through again."""
+    script = (
+        "import pathlib, sys, time\n"
+        "for i in range(100):\n"
+        "    try:\n"
+        f"        pathlib.Path(r'{tmp_path}', f'f{{i}}').write_bytes(b'x' * 4096)\n"
+        "    except OSError as e:\n"
+        "        print(e.errno, flush=True)\n"
+        "    time.sleep(0.05)\n"
+    )
+    wrapper = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {script!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(process_tree(parent.pid)) == 2 and any(tmp_path.iterdir()), 10)
+        limit_file_size(parent.pid, 1024)
+        time.sleep(0.5)
+        limit_file_size(parent.pid, resource.RLIM_INFINITY)
+        out, _ = parent.communicate(timeout=30)
+    finally:
+        parent.kill()
+    assert str(errno.EFBIG) in out.split(), out  # the grandchild's writes failed while the limit held
+    assert len(list(tmp_path.iterdir())) == 100, "every file made; those written under the limit short"
+    assert (tmp_path / "f99").stat().st_size == 4096, "lifted, writes go through again"
 
 
 def test_driver_survives_a_flood_of_malformed_events_and_logs_a_few(tiny_config, tmp_path, caplog):

@@ -10,9 +10,11 @@ a driver killed with kill -9 could not remove are swept by the next run).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
+import resource
 import secrets
 import signal
 import sys
@@ -70,6 +72,16 @@ def process_tree(pid: int) -> list[int]:
     for parent in tree:
         tree += [child for child, of in parents.items() if of == parent]
     return tree
+
+
+def limit_file_size(pid: int, soft: int) -> None:
+    """RLIMIT_FSIZE of `pid` and every process below it, set from outside (prlimit, no privilege needed):
+    0 and each write fails with EFBIG, as on a full disk (the fault tests and the chaos benchmark);
+    resource.RLIM_INFINITY lifts it."""
+    for process in process_tree(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            _, hard = resource.prlimit(process, resource.RLIMIT_FSIZE)
+            resource.prlimit(process, resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def sweep_leftovers() -> list[Path]:
