@@ -48,6 +48,9 @@ from common import machine, summary_of, train_command
 RESULTS = Path(__file__).parent / "results"
 FAULTS = ("kill-actor", "kill-learner", "stop-role", "kill-evaluator", "full-disk", "remove-node")
 REPLACING = ("kill-actor", "kill-learner", "kill-evaluator", "remove-node")  # the role comes back as a new process
+# the faults are deliberate: the restart caps that stop a crash loop (3 learner restarts, 10 of actors)
+# would end an hour of them as failed; --set overrides these
+UNCAPPED_RESTARTS = ("supervision.max_learner_restarts=1000", "supervision.max_actor_restarts=1000")
 WHOLE_TIMEOUT_S = 600.0  # a run not whole again by then is reported so, and the next fault comes anyway
 
 
@@ -406,7 +409,13 @@ def run_chaos(
     cluster = LoopbackCluster() if launcher == "ray" else None
     try:
         placed = [] if cluster is None else cluster.settings()
-        settings_list = [f"seed={settings.seed}", f"stop.max_wall_time_s={minutes * 60}", *placed, *overrides]
+        settings_list = [
+            f"seed={settings.seed}",
+            f"stop.max_wall_time_s={minutes * 60}",
+            *UNCAPPED_RESTARTS,
+            *placed,
+            *overrides,
+        ]
         command = train_command(preset, run_dir, *settings_list, launcher=launcher)
         chaos = Chaos(run_dir, command, settings, minutes * 60, cluster)
         return report(chaos, chaos.run(), baseline)
