@@ -56,8 +56,13 @@ def _finite(value: float | None) -> bool:
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether the run directory holds a run that ended (its summary.json written)."""
-    return (run_dir / "summary.json").exists()
+    """Whether the run directory holds a run that ended by its own stop (target or cap). A run stopped from
+    outside (Ctrl-C, SIGTERM: a sitting cut short) writes its summary too, with stop_reason "interrupted":
+    it is made again, not read as a miss."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("stop_reason") != "interrupted"
+    except (OSError, ValueError):
+        return False
 
 
 def metric_rows(run_dir: Path) -> list[dict]:

@@ -439,3 +439,15 @@ def test_the_balance_benchmark_judges_auto_against_the_best_fixed_median_and_its
     assert balance.Start("tight", 1, 2, 2).settings("auto") == [
         "balance.max_policy_lag=auto", "balance.lag_start=1", "topology.actors=2", "balance.max_inflight=2"
     ]  # fmt: skip
+
+
+def test_a_benchmark_sitting_reads_a_run_it_made_but_makes_an_interrupted_one_again(monkeypatch, tmp_path):
+    common = load_benchmark(monkeypatch, "common")
+    ended, interrupted, old, empty = (tmp_path / name for name in ("ended", "interrupted", "old", "empty"))
+    for run_dir, summary in ((ended, {"stop_reason": "max_wall_time"}), (interrupted, {"stop_reason": "interrupted"})):
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    old.mkdir()
+    (old / "summary.json").write_text("{}")  # a summary from before stop_reason was written: it ended
+    empty.mkdir()  # killed before the summary
+    assert [common.finished(d) for d in (ended, interrupted, old, empty)] == [True, False, True, False]

@@ -1,6 +1,7 @@
 """benchmarks/chaos.py on CartPole: a minute of random faults (actors and the learner killed, roles
-stopped, the disk full; the evaluator killed again and again; under Ray, a node removed) and the run is whole again after each, with nothing
-trained twice or over the lag bound, every checkpoint set good, and no process or shared-memory file left."""
+stopped, the disk full; the evaluator killed again and again; under Ray, a node removed) and the run is
+whole again after each, with nothing trained twice or over the lag bound, every checkpoint set good, and
+no process or shared-memory file left."""
 
 from __future__ import annotations
 
