@@ -114,7 +114,7 @@ def median_time(runs: list[dict]) -> float | None:
     return statistics.median(map(time_or_inf, runs)) if runs else None
 
 
-def _minutes(seconds: float | None, cap_min: float | None) -> str:
+def _minutes(seconds: float | None, cap_min: float) -> str:
     """A time to the target as read best: seconds under two minutes (CartPole), else minutes."""
     if seconds is None:
         return "-"
@@ -171,18 +171,22 @@ def markdown(task_name: str, runs: list[dict]) -> str:
     return "\n".join([*lines, "", *verdicts, ""])
 
 
+def _cap(run: dict, default_min: float) -> float:
+    """The cap a run ran under: its sitting's --minutes (rows from before it was kept: the task's)."""
+    return run.get("cap_min") or default_min
+
+
 def _caps(runs: list[dict], default_min: float) -> str:
-    """The caps the runs ran under (a sitting's --minutes may differ from the task's)."""
-    return " / ".join(f"{c:g}" for c in sorted({r.get("cap_min") or default_min for r in runs} or {default_min}))
+    return " / ".join(f"{c:g}" for c in sorted({_cap(r, default_min) for r in runs} or {default_min}))
 
 
 def _cell(runs: list[dict], median: float | None, default_cap_min: float) -> str:
     """The median and each seed's time; a miss reads as over its own run's cap."""
     if not runs:
         return "-"
-    each = ", ".join(_minutes(time_or_inf(r), r.get("cap_min") or default_cap_min) for r in runs)
-    caps = [r.get("cap_min") or default_cap_min for r in runs]
-    return f"{_minutes(median, max(caps))} ({each}; {sum(r['reached'] for r in runs)}/{len(runs)} reached)"
+    each = ", ".join(_minutes(time_or_inf(r), _cap(r, default_cap_min)) for r in runs)
+    longest = max(_cap(r, default_cap_min) for r in runs)
+    return f"{_minutes(median, longest)} ({each}; {sum(r['reached'] for r in runs)}/{len(runs)} reached)"
 
 
 def _fmt_ratio(ratio: float | None) -> str:

@@ -148,7 +148,7 @@ class Chaos:
             "kill-evaluator": "evaluator" in roles,
             "stop-role": bool(roles),
             "full-disk": True,
-            "remove-node": self.cluster is not None and bool(self._roles_on_removable_nodes()),
+            "remove-node": self.cluster is not None and bool(self._roles_on_removable_nodes(self._places())),
         }[kind]
 
     def _places(self) -> dict[str, dict]:
@@ -156,9 +156,9 @@ class Chaos:
             return json.loads((self.run_dir / "placement.json").read_text())
         return {}
 
-    def _roles_on_removable_nodes(self) -> list[str]:
+    def _roles_on_removable_nodes(self, places: dict[str, dict]) -> list[str]:
         assert self.cluster is not None
-        return sorted(name for name, place in self._places().items() if self.cluster.removable(place["node"]))
+        return sorted(name for name, place in places.items() if self.cluster.removable(place["node"]))
 
     # ------------------------------------------------------------ faults
     def _inject(self, kind: str, rng: random.Random) -> Fault:
@@ -171,8 +171,8 @@ class Chaos:
             _signal(roles[fault.role], signal.SIGKILL)
         elif kind == "remove-node":
             assert self.cluster is not None
-            fault.role = rng.choice(self._roles_on_removable_nodes())
             places = self._places()
+            fault.role = rng.choice(self._roles_on_removable_nodes(places))
             fault.node = places[fault.role]["node"]
             on_node = [name for name, place in places.items() if place["node"] == fault.node]
             self._note_learner_loss(fault, any(name.startswith("learner") for name in on_node))
