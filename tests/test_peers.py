@@ -142,3 +142,30 @@ def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkey
     )
     assert "(sb3) took 5.00x" in lines[1] and ": meets" in lines[1]
     assert lines[2] == "- pong-ppo: TianJi's score at the cap 11.4, the best peer's (sb3) -19.0: ahead"
+
+
+def test_the_table_names_the_slowest_seed_and_its_ratio(monkeypatch):
+    """Ten seeds: the median alone hides the seed a user may meet, so each row names its slowest seed and the
+    peer's ratio is given on the medians and on the slowest seeds."""
+    peers = load_benchmark(monkeypatch, "peers")
+
+    def runs(seconds: list[float]) -> list[dict]:
+        return [{"reached": True, "seconds": s, "env_steps": 1000, "final": 480.0} for s in seconds]
+
+    ours = peers.summarise("cartpole-ppo", "tianji", runs([4.0, 5.0, 9.0, 4.5]), 300.0)
+    sb3 = peers.summarise("cartpole-ppo", "sb3", runs([20.0, 22.0, 18.0, 27.0]), 300.0)
+    assert ours["slowest_seed"] == 2 and sb3["slowest_seed"] == 3
+    info = {
+        "date": "d",
+        "cpu": "c",
+        "cores": 2,
+        "memory_gib": 24,
+        "python": "3",
+        "versions": dict.fromkeys(
+            ("tianji", "torch", "gymnasium", "ale-py", "ray", "stable-baselines3", "rl-zoo3"), "v"
+        ),
+    }
+    table = peers.table([ours, sb3], info)
+    sb3_row = next(line for line in table.splitlines() if line.startswith("| cartpole-ppo") and "| sb3 |" in line)
+    assert "27.0 s (seed 3)" in sb3_row and "4.42x, 3.00x" in sb3_row, sb3_row
+    assert "9.0 s on seed 2 against 27.0 s" in table
