@@ -250,6 +250,7 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "the cap and is marked '>' (then the ratio is a lower bound). Runs one at a time, interleaved within a "
         "sitting; the table joins every sitting's runs in the same work folder (each run's log is there).",
         "",
+        *earlier_sittings(rows),
         "| task (target) | system | wall time, median (spread) | slowest seed | env steps (median) | env steps/s "
         "| time / TianJi's: median, slowest seed |",
         "|---|---|---|---|---|---|---|",
@@ -260,7 +261,7 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         metric, target = TARGETS[row["task"]]
         base = tianji.get(row["task"])
         rate = f"{row['env_steps_per_s']:,.0f}" if row["env_steps_per_s"] else "-"
-        slowest = f"{row['max_s']:.1f} s (seed {row['slowest_seed']})"
+        slowest = f"{row['max_s']:.1f} s" + (f" (seed {row['slowest_seed']})" if "slowest_seed" in row else "")
         lines.append(
             f"| {row['task']} ({metric} >= {target:g}) | {row['system']} | {time_cell(row)} | {slowest} | "
             f"{row['median_env_steps'] / 1e3:,.0f}k | {rate} | {ratios_cell(row, base)} |"
@@ -276,6 +277,14 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         f"({PAPER['RLlib (PPO)']}x RLlib, {PAPER['XingTian (PPO)']}x XingTian on PPO).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def earlier_sittings(rows: list[dict[str, Any]]) -> list[str]:
+    sittings = {row["task"]: row["sitting"] for row in rows if "sitting" in row}
+    if not sittings:
+        return []
+    named = ", ".join(f"{task} ({date})" for task, date in sittings.items())
+    return [f"Rows of an earlier sitting on the same kind of machine, kept: {named}.", ""]
 
 
 def ratios_cell(row: dict[str, Any], base: dict[str, Any] | None) -> str:
@@ -313,7 +322,7 @@ def against_the_best_peer(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"- {task}: the fastest peer ({best['system']}) took {ratio:.2f}x TianJi's median time: "
             f"{verdict} the paper's best ratio, {PAPER['best']}x (slowest seeds: {best['max_s'] / ours['max_s']:.2f}x, "
-            f"TianJi's {ours['max_s']:.1f} s on seed {ours['slowest_seed']} against {best['max_s']:.1f} s)"
+            f"TianJi's {ours['max_s']:.1f} s on seed {ours.get('slowest_seed', '-')} against {best['max_s']:.1f} s)"
         )
     return lines
 
@@ -346,6 +355,18 @@ def pong_table(task: str, rows: list[dict[str, Any]]) -> list[str]:
         if row.get("read_at_cap")
     ]
     return lines
+
+
+def earlier_rows(path: Path, tasks: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows and runs of the tasks this sitting did not run, from the results an earlier sitting wrote there,
+    each row marked with that sitting's date: one table grows over sittings (CartPole one day, Pong another)."""
+    if not path.exists():
+        return [], {}
+    earlier = json.loads(path.read_text())
+    date = earlier["machine"]["date"]
+    rows = [{**row, "sitting": row.get("sitting", date)} for row in earlier["rows"] if row["task"] not in tasks]
+    runs = {key: run for key, run in earlier["runs"].items() if key.split("/")[0] not in tasks}
+    return rows, runs
 
 
 def rllib_seeds(args: argparse.Namespace, task: str, seeds: int) -> int:
@@ -400,10 +421,11 @@ def main() -> None:
         for (task, system), runs in results.items()
     ]
     out = Path(args.out)
+    kept_rows, kept_runs = earlier_rows(out.with_suffix(".json"), args.tasks)
+    rows = sorted(rows + kept_rows, key=lambda row: list(TARGETS).index(row["task"]))
+    runs = {f"{t}/{s}": r for (t, s), r in results.items()} | kept_runs
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"machine": info, "rows": rows, "runs": {f"{t}/{s}": r for (t, s), r in results.items()}}, indent=1)
-    )
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "rows": rows, "runs": runs}, indent=1))
     out.with_suffix(".md").write_text(table(rows, info))
     print(table(rows, info))
     if out.resolve() == (HERE / "results" / "peers").resolve():  # the pages carry it, untitled

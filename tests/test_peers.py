@@ -123,7 +123,16 @@ def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkey
     peers = load_benchmark(monkeypatch, "peers")
 
     def row(task, system, median_s, final=None, reached=3):
-        return {"task": task, "system": system, "median_s": median_s, "final": final, "reached": reached, "runs": 3}
+        return {
+            "task": task,
+            "system": system,
+            "median_s": median_s,
+            "max_s": 2 * median_s,
+            "slowest_seed": 1,
+            "final": final,
+            "reached": reached,
+            "runs": 3,
+        }
 
     rows = [
         row("cartpole-ppo", "tianji", 4.0),
@@ -136,9 +145,9 @@ def test_each_row_is_judged_against_its_fastest_peer_and_the_papers_ratio(monkey
         row("pong-ppo", "sb3", 1800.0, final=-19.0, reached=0),
     ]
     lines = peers.against_the_best_peer(rows)
-    assert (
-        lines[0]
-        == "- cartpole-ppo: the fastest peer (sb3) took 4.25x TianJi's median time: below the paper's best ratio, 4.37x"
+    assert lines[0] == (
+        "- cartpole-ppo: the fastest peer (sb3) took 4.25x TianJi's median time: below the paper's best ratio, 4.37x "
+        "(slowest seeds: 4.25x, TianJi's 8.0 s on seed 1 against 34.0 s)"
     )
     assert "(sb3) took 5.00x" in lines[1] and ": meets" in lines[1]
     assert lines[2] == "- pong-ppo: TianJi's score at the cap 11.4, the best peer's (sb3) -19.0: ahead"
@@ -169,3 +178,27 @@ def test_the_table_names_the_slowest_seed_and_its_ratio(monkeypatch):
     sb3_row = next(line for line in table.splitlines() if line.startswith("| cartpole-ppo") and "| sb3 |" in line)
     assert "27.0 s (seed 3)" in sb3_row and "4.42x, 3.00x" in sb3_row, sb3_row
     assert "9.0 s on seed 2 against 27.0 s" in table
+
+
+def test_a_sitting_keeps_the_rows_of_the_tasks_it_did_not_run(tmp_path, monkeypatch):
+    """CartPole one day, Pong another: the results an earlier sitting wrote keep their other tasks' rows and
+    runs, marked with that sitting's date; the tasks run again are replaced."""
+    peers = load_benchmark(monkeypatch, "peers")
+    old = {
+        "machine": {"date": "2026-12-05"},
+        "rows": [
+            {"task": "cartpole-ppo", "system": "tianji"},
+            {"task": "pong-appo", "system": "tianji", "final": 10.3},
+        ],
+        "runs": {"cartpole-ppo/tianji": [{"seconds": 9.0}], "pong-appo/tianji": [{"seconds": 1800.0}]},
+    }
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps(old))
+    rows, runs = peers.earlier_rows(path, ["cartpole-ppo", "acrobot-ppo"])
+    assert rows == [{"task": "pong-appo", "system": "tianji", "final": 10.3, "sitting": "2026-12-05"}]
+    assert list(runs) == ["pong-appo/tianji"]
+    assert peers.earlier_sittings(rows) == [
+        "Rows of an earlier sitting on the same kind of machine, kept: pong-appo (2026-12-05).",
+        "",
+    ]
+    assert peers.earlier_rows(tmp_path / "none.json", ["cartpole-ppo"]) == ([], {})
