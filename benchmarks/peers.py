@@ -284,7 +284,7 @@ def earlier_sittings(rows: list[dict[str, Any]]) -> list[str]:
     if not sittings:
         return []
     named = ", ".join(f"{task} ({date})" for task, date in sittings.items())
-    return [f"Rows of an earlier sitting on the same kind of machine, kept: {named}.", ""]
+    return [f"Rows kept from an earlier sitting (its date): {named}.", ""]
 
 
 def ratios_cell(row: dict[str, Any], base: dict[str, Any] | None) -> str:

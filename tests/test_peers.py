@@ -198,7 +198,7 @@ def test_a_sitting_keeps_the_rows_of_the_tasks_it_did_not_run(tmp_path, monkeypa
     assert rows == [{"task": "pong-appo", "system": "tianji", "final": 10.3, "sitting": "2026-12-05"}]
     assert list(runs) == ["pong-appo/tianji"]
     assert peers.earlier_sittings(rows) == [
-        "Rows of an earlier sitting on the same kind of machine, kept: pong-appo (2026-12-05).",
+        "Rows kept from an earlier sitting (its date): pong-appo (2026-12-05).",
         "",
     ]
     assert peers.earlier_rows(tmp_path / "none.json", ["cartpole-ppo"]) == ([], {})
