@@ -190,7 +190,10 @@ def _cell(runs: list[dict], median: float | None, default_cap_min: float) -> str
 
 
 def _fmt_ratio(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}x"
+    """A ratio of medians; a median over the cap (most runs missed the target) has no ratio to show."""
+    if ratio is None:
+        return "-"
+    return "over the cap" if math.isinf(ratio) else f"{ratio:.2f}x"
 
 
 def _bounds(runs: list[dict]) -> str:

@@ -436,6 +436,10 @@ def test_the_balance_benchmark_judges_auto_against_the_best_fixed_median_and_its
     assert "- from loose: auto NOT within 10% of the best fixed median (1.23x); below its own fixed median." in table
     assert "16.0 min (15.0 min, 16.0 min, >30 min; 2/3 reached)" in table
     assert "| 4 (1-6) |" in table
+    runs += [run("best", "auto", s, m) for s, m in enumerate((None, None, 9))]  # its median is over the cap
+    assert "| >30 min (>30 min, >30 min, 9.0 min; 1/3 reached) | over the cap | over the cap |" in balance.markdown(
+        "pong", runs
+    )
     assert balance.Start("tight", 1, 2, 2).settings("auto") == [
         "balance.max_policy_lag=auto", "balance.lag_start=1", "topology.actors=2", "balance.max_inflight=2"
     ]  # fmt: skip
