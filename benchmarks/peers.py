@@ -369,8 +369,9 @@ def earlier_rows(path: Path, tasks: list[str]) -> tuple[list[dict[str, Any]], di
     return rows, runs
 
 
-def rllib_seeds(args: argparse.Namespace, task: str, seeds: int) -> int:
-    return seeds if is_pong(task) or args.rllib_seeds is None else min(seeds, args.rllib_seeds)
+def beyond_rllib_seeds(args: argparse.Namespace, task: str, seed: int) -> bool:
+    """RLlib's CartPole and Acrobot rows stop at --rllib-seeds (its Pong row follows --pong-seeds)."""
+    return not is_pong(task) and args.rllib_seeds is not None and seed >= args.rllib_seeds
 
 
 def main() -> None:
@@ -400,10 +401,9 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for task in args.tasks:
         cap = args.pong_minutes * 60 if is_pong(task) else args.cap_s
-        seeds = args.pong_seeds if is_pong(task) else args.seeds
-        for seed in range(seeds):
+        for seed in range(args.pong_seeds if is_pong(task) else args.seeds):
             for system in args.systems:  # interleaved: the machine's drift spreads over every system alike
-                if (task, system) in UNSUPPORTED or (system == "rllib" and seed >= rllib_seeds(args, task, seeds)):
+                if (task, system) in UNSUPPORTED or (system == "rllib" and beyond_rllib_seeds(args, task, seed)):
                     continue
                 print(f"{task} seed {seed}: {system} ...", flush=True)
                 run = (

@@ -3,6 +3,7 @@ and the table it writes. Needs the `peers` extra (pip install -e '.[peers]'); sk
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
@@ -202,3 +203,11 @@ def test_a_sitting_keeps_the_rows_of_the_tasks_it_did_not_run(tmp_path, monkeypa
         "",
     ]
     assert peers.earlier_rows(tmp_path / "none.json", ["cartpole-ppo"]) == ([], {})
+
+
+def test_rllib_rows_stop_at_their_own_seed_count_except_on_pong(monkeypatch):
+    peers = load_benchmark(monkeypatch, "peers")
+    three = argparse.Namespace(rllib_seeds=3)
+    assert [peers.beyond_rllib_seeds(three, "cartpole-ppo", seed) for seed in (2, 3)] == [False, True]
+    assert not peers.beyond_rllib_seeds(three, "pong-ppo", 5)
+    assert not peers.beyond_rllib_seeds(argparse.Namespace(rllib_seeds=None), "acrobot-ppo", 9)
