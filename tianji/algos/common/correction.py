@@ -19,6 +19,7 @@ the metrics they give have one name everywhere (docs/outputs.md).
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Protocol
 
 import torch
@@ -49,11 +50,24 @@ class StepEvaluator(Protocol):
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
+NO_GRAD_PASS_ELEMENTS = 1 << 20
+"""Observation elements per forward pass where no gradient is taken (the targets' pass over a whole
+batch). A CNN's activations for 1,024 Pong frames outgrow a core's cache: one pass took 140 ms, passes
+of 128 frames 105 ms, the outputs equal (AMD EPYC, one thread). Vector observations stay one pass."""
+
+
 def evaluate_steps(net: StepEvaluator, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The net's log-probs of the actions taken, entropies and values on time-major steps [T, K, ...],
-    each shaped [T, K]: one forward pass over all T * K steps."""
+    each shaped [T, K]: one forward pass over all T * K steps, or, without gradient, passes of at most
+    `NO_GRAD_PASS_ELEMENTS` observation elements."""
     T, K = action.shape[:2]
-    flat = net.evaluate(obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:]))
+    obs, action = obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:])
+    rows = T * K if torch.is_grad_enabled() else max(1, NO_GRAD_PASS_ELEMENTS // math.prod(obs.shape[1:]))
+    if rows >= T * K:
+        flat = net.evaluate(obs, action)
+    else:
+        passes = [net.evaluate(obs[i : i + rows], action[i : i + rows]) for i in range(0, T * K, rows)]
+        flat = tuple(torch.cat(outputs) for outputs in zip(*passes, strict=True))
     return tuple(out.reshape(T, K) for out in flat)
 
 
