@@ -63,11 +63,8 @@ def evaluate_steps(net: StepEvaluator, obs: torch.Tensor, action: torch.Tensor) 
     T, K = action.shape[:2]
     obs, action = obs.reshape(T * K, *obs.shape[2:]), action.reshape(T * K, *action.shape[2:])
     rows = T * K if torch.is_grad_enabled() else max(1, NO_GRAD_PASS_ELEMENTS // math.prod(obs.shape[1:]))
-    if rows >= T * K:
-        flat = net.evaluate(obs, action)
-    else:
-        passes = [net.evaluate(obs[i : i + rows], action[i : i + rows]) for i in range(0, T * K, rows)]
-        flat = tuple(torch.cat(outputs) for outputs in zip(*passes, strict=True))
+    passes = [net.evaluate(obs[i : i + rows], action[i : i + rows]) for i in range(0, max(T * K, 1), rows)]
+    flat = passes[0] if len(passes) == 1 else tuple(torch.cat(outputs) for outputs in zip(*passes, strict=True))
     return tuple(out.reshape(T, K) for out in flat)
 
 
