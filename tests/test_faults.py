@@ -3,6 +3,7 @@ notices that point outside the run's shared memory."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import json
@@ -167,7 +168,9 @@ def test_a_process_tree_holds_the_children_of_children_and_a_reaped_one_is_not_a
         assert pid_alive(parent.pid)
     finally:
         for pid in reversed(process_tree(parent.pid)):
-            os.kill(pid, signal.SIGKILL)
+            # the sleep's death lets sh run on, end and be reaped before its own kill
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         parent.wait()
     assert not pid_alive(parent.pid)
 
